@@ -1,0 +1,136 @@
+"""Paged KV cache bookkeeping: fixed-size blocks, reference counts, a free list, prefix caching.
+
+A full block is identified by a hash chain: hash(parent block's hash, this block's token ids),
+so equal hashes mean equal whole prefixes. Freed blocks keep their hash and stay findable until
+they are reused; the free list is in LRU order, so the least recently freed block is evicted
+first, and a request's tail blocks are freed before its head (the head is shared more often).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from engine.request import Request
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
+        assert num_blocks > 0 and block_size > 0
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.hash_to_block: dict[int, int] = {}
+        # block id -> None; every block with ref count 0, least recently freed first
+        self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        # request id -> hashes of its full blocks, in order (extended as blocks fill)
+        self.request_hashes: dict[str, list[int]] = {}
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0  # of those, tokens found
+
+    # ---- queries ----------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by requests (cached-but-free blocks count as free)."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---- allocation -------------------------------------------------------------------
+
+    def allocate(self, req: Request, num_new_tokens: int) -> int | None:
+        """Make room for up to `num_new_tokens` more tokens of `req`; None if blocks ran out.
+
+        On a request's first allocation (no blocks yet: new or preempted) its cached prefix is
+        taken too, which advances `num_computed_tokens` and can shrink the tokens still to
+        compute; the return value is how many are scheduled. All or nothing on failure.
+        """
+        first = not req.block_ids
+        cached = self._find_cached_prefix(req) if first and self.enable_prefix_caching else []
+        num_computed = len(cached) * self.block_size if first else req.num_computed_tokens
+        num_new_tokens = min(num_new_tokens, req.num_tokens - num_computed)
+        need = self.blocks_needed(num_computed + num_new_tokens) - len(req.block_ids) - len(cached)
+        revived = sum(1 for b in cached if self.ref_counts[b] == 0)  # cached blocks still in the free list
+        if need > self.num_free_blocks - revived:
+            return None
+        for b in cached:
+            self._take(b)
+        req.block_ids.extend(cached)
+        for _ in range(max(need, 0)):
+            b = next(iter(self.free_blocks))
+            self._take(b)
+            self._forget_hash(b)
+            req.block_ids.append(b)
+        if first:
+            self.prefix_queries += req.num_tokens
+            self.prefix_hits += num_computed
+            req.num_computed_tokens = num_computed
+            if not req.output_token_ids:  # a resumed request keeps its first figure
+                req.num_cached_tokens = num_computed
+        return num_new_tokens
+
+    def free(self, req: Request) -> None:
+        """Return all of `req`'s blocks; the tail goes to the free list first (evicted first)."""
+        for b in reversed(req.block_ids):
+            self.ref_counts[b] -= 1
+            assert self.ref_counts[b] >= 0, f"block {b} freed twice"
+            if self.ref_counts[b] == 0:
+                self.free_blocks[b] = None
+        req.block_ids = []
+        self.request_hashes.pop(req.request_id, None)
+
+    def cache_full_blocks(self, req: Request) -> None:
+        """Register the hashes of `req`'s blocks that are now full of computed tokens."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self._hashes(req, req.num_computed_tokens // self.block_size)
+        for i, h in enumerate(hashes):
+            b = req.block_ids[i]
+            if self.block_hash[b] is None and h not in self.hash_to_block:
+                self.block_hash[b] = h
+                self.hash_to_block[h] = b
+
+    def reset_prefix_cache(self) -> None:
+        for h, b in list(self.hash_to_block.items()):
+            self._forget_hash(b)
+
+    # ---- internals --------------------------------------------------------------------
+
+    def _hashes(self, req: Request, num_full_blocks: int) -> list[int]:
+        hashes = self.request_hashes.setdefault(req.request_id, [])
+        tokens, bs = req.all_token_ids, self.block_size
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash((parent, tuple(tokens[i * bs:(i + 1) * bs]))))
+        return hashes[:num_full_blocks]
+
+    def _find_cached_prefix(self, req: Request) -> list[int]:
+        # At least one token must be computed to get logits, so a fully cached sequence
+        # recomputes its last block.
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        found = []
+        for h in self._hashes(req, max_blocks):
+            b = self.hash_to_block.get(h)
+            if b is None:
+                break
+            found.append(b)
+        return found
+
+    def _take(self, b: int) -> None:
+        if self.ref_counts[b] == 0:
+            del self.free_blocks[b]
+        self.ref_counts[b] += 1
+
+    def _forget_hash(self, b: int) -> None:
+        h = self.block_hash[b]
+        if h is not None:
+            self.block_hash[b] = None
+            if self.hash_to_block.get(h) == b:
+                del self.hash_to_block[h]

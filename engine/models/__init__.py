@@ -1,0 +1,1 @@
+"""Our own PyTorch implementations of the supported model families."""
