@@ -1,0 +1,1 @@
+"""The tokenizer worker process: chat template, tokenize, incremental detokenize, stop strings."""
