@@ -1,0 +1,89 @@
+"""Offline batch generation on top of LLMEngine, like vLLM's `LLM(model).generate(...)`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.messages import SamplingParams, TokenLogprob
+from engine.parallel_sampling import fan_out
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: int | None = None
+    logprobs: list[list[TokenLogprob]] | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    num_cached_tokens: int = 0
+
+
+class LLM:
+    """`LLM()` runs the embedded default model; `LLM("path/to/hf-folder", dtype=...)` any
+    supported local folder. Keyword arguments are EngineConfig fields."""
+
+    def __init__(self, model: str | None = None, **engine_kwargs):
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_kwargs))
+        self._tokenizer = None
+        self._next_id = 0
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.engine.model_dir))
+        return self._tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """prompts: a string, a list of strings, or a list of token-id lists. Outputs come back in
+        the order of the prompts, each with `n` completions."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
+        outputs: list[RequestOutput] = []
+        children: dict[str, tuple[RequestOutput, CompletionOutput]] = {}
+        for prompt, p in zip(prompts, params_list):
+            text = prompt if isinstance(prompt, str) else None
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False) if text is not None else list(prompt)
+            request_id = str(self._next_id)
+            self._next_id += 1
+            out = RequestOutput(request_id, text, ids)
+            for i, (child_id, child_params) in enumerate(fan_out(request_id, p)):
+                self.engine.add_request(child_id, ids, child_params)
+                completion = CompletionOutput(i, "", [], None, logprobs=[] if p.logprobs is not None else None)
+                out.outputs.append(completion)
+                children[child_id] = (out, completion)
+            outputs.append(out)
+        bar = tqdm(total=len(children), desc="generate", disable=not use_tqdm)
+        while self.engine.has_unfinished():
+            for delta in self.engine.step():
+                out, completion = children[delta.request_id]
+                completion.token_ids.extend(delta.new_token_ids)
+                if delta.logprobs is not None:
+                    completion.logprobs.extend(delta.logprobs)
+                out.num_cached_tokens = delta.num_cached_tokens
+                if delta.finish_reason is not None:
+                    completion.finish_reason, completion.stop_reason = delta.finish_reason, delta.stop_reason
+                    bar.update(1)
+        bar.close()
+        for out in outputs:
+            for completion in out.outputs:
+                completion.text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        return outputs

@@ -1,0 +1,20 @@
+"""n > 1: one engine request per choice. The engine itself runs single sequences."""
+from __future__ import annotations
+
+import msgspec
+
+from engine.messages import SamplingParams
+
+
+def child_request_id(request_id: str, index: int) -> str:
+    return f"{index}:{request_id}"
+
+
+def fan_out(request_id: str, params: SamplingParams) -> list[tuple[str, SamplingParams]]:
+    """Child ids and params for each of the n choices; a seeded request gives choice i seed + i,
+    so the choices differ from each other but the whole request stays reproducible."""
+    children = []
+    for i in range(params.n):
+        seed = None if params.seed is None else params.seed + i
+        children.append((child_request_id(request_id, i), msgspec.structs.replace(params, n=1, seed=seed)))
+    return children
