@@ -1,0 +1,138 @@
+"""The load test's settings: one frozen dataclass, and the argparse parser generated from it.
+
+Each field's metadata holds its help text and the function that turns the command-line string
+into the field's value, so a new option is one new field. Cross-field rules live in validate().
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from loadtest.metrics import SLO_KEYS
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    """"1,4,16,64" -> (1, 4, 16, 64): each level is a max number of requests in flight."""
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each concurrency level must be >= 1")
+    return levels
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """"ttft:500,tpot:50" -> {"ttft": 500.0, "tpot": 50.0} (milliseconds)."""
+    slo: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition(":")
+        if not sep or key not in SLO_KEYS:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected KEY:MS with KEY in {', '.join(SLO_KEYS)}")
+        try:
+            slo[key] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r}: {value!r} is not a number of milliseconds") from None
+        if slo[key] <= 0:
+            raise argparse.ArgumentTypeError(f"{part!r}: an SLO must be > 0 ms")
+    return slo
+
+
+def _opt(default: Any, help: str, parse: Callable[[str], Any] | None = None, **argparse_kwargs: Any) -> Any:
+    return field(default=default, metadata={"help": help, "parse": parse, "argparse": argparse_kwargs})
+
+
+@dataclass(frozen=True)
+class LoadTestConfig:
+    base_url: str | None = _opt(None, "OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1", str)
+    target: tuple[str, ...] = _opt(
+        (), "compare mode: NAME=URL, repeat for each server; figures are also given as ratios to the first", str,
+        action="append", metavar="NAME=URL",
+    )
+    model: str | None = _opt(None, "model name to send (default: first id from GET /models of each target)", str)
+    endpoint: str = _opt("chat", "API to load: /chat/completions or /completions", str, choices=("chat", "completions"))
+    num_prompts: int = _opt(64, "requests measured per concurrency level and target", int)
+    concurrency: tuple[int, ...] | None = _opt(
+        None, "comma-separated sweep of max requests in flight (default 1,4,16,64; unbounded with --request-rate)",
+        parse_levels,
+    )
+    request_rate: float | None = _opt(None, "requests per second arriving as a Poisson/gamma process", float)
+    burstiness: float = _opt(1.0, "gamma shape of the arrivals: 1 = Poisson, <1 burstier, >1 more even", float)
+    rounds: int = _opt(2, "compare mode: split each level into this many alternating rounds A,B,A,B,...", int)
+    input_len: int = _opt(256, "random prompts: about this many tokens", int)
+    output_len: int = _opt(128, "max_tokens of each request (a dataset line may set its own)", int)
+    tokenizer: str | None = _opt(None, "local Hugging Face tokenizer folder to size random prompts in real tokens", str)
+    dataset: str | None = _opt(None, 'JSONL file, one {"prompt": ...} or {"messages": [...]} per line', str)
+    ignore_eos: bool = _opt(False, "send ignore_eos=true (vLLM extension) so every request runs to max_tokens")
+    temperature: float = _opt(0.0, "sampling temperature sent with every request", float)
+    api_key: str | None = _opt(None, "bearer token (default: $OPENAI_API_KEY if set)", str)
+    seed: int = _opt(0, "seed of the random prompts and arrival times", int)
+    warmup: int = _opt(1, "requests per target sent and discarded before measuring", int)
+    timeout: float = _opt(600.0, "seconds one request may take in all", float)
+    max_requests: int = _opt(10000, "hard cap on requests sent in the whole run, warmup included", int)
+    max_duration: float = _opt(3600.0, "hard cap on the run's wall time in seconds", float)
+    slo: dict[str, float] | None = _opt(None, "goodput SLOs in ms, e.g. ttft:500,tpot:50 (keys: ttft, tpot, e2el)", parse_slo)
+    output_dir: str | None = _opt(None, "where results.json and the plots go (default results/loadtest-DATE-TIME)", str)
+    allow_remote: bool = _opt(False, "allow base URLs whose host is not loopback")
+
+    @property
+    def levels(self) -> tuple[int | None, ...]:
+        """Sweep levels; None means no cap on requests in flight (arrival rate only)."""
+        if self.concurrency is not None:
+            return self.concurrency
+        return (None,) if self.request_rate is not None else (1, 4, 16, 64)
+
+    def resolved_api_key(self) -> str | None:
+        return self.api_key if self.api_key is not None else os.environ.get("OPENAI_API_KEY") or None
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad setting."""
+        positive_ints = ("num_prompts", "rounds", "input_len", "output_len", "max_requests")
+        for name in positive_ints:
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.warmup < 0:
+            raise ValueError("--warmup must be >= 0")
+        for name in ("burstiness", "timeout", "max_duration"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise ValueError("--request-rate must be > 0")
+        if self.temperature < 0:
+            raise ValueError("--temperature must be >= 0")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest",
+        description="Load generator for OpenAI-compatible servers (streaming, vLLM benchmark metrics).",
+    )
+    for f in dataclasses.fields(LoadTestConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kwargs: dict[str, Any] = {"help": f.metadata["help"], **f.metadata["argparse"]}
+        if f.default not in (None, False, ()):
+            kwargs["help"] += f" (default: {f.default})"
+        if f.default is False:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs.setdefault("type", f.metadata["parse"])
+            # argparse's "append" needs a fresh list default, turned back into a tuple below.
+            kwargs["default"] = [] if kwargs.get("action") == "append" else f.default
+        parser.add_argument(flag, **kwargs)
+    return parser
+
+
+def config_from_args(argv: list[str] | None = None) -> LoadTestConfig:
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    args["target"] = tuple(args["target"])
+    config = LoadTestConfig(**args)
+    try:
+        config.validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    return config
