@@ -41,7 +41,9 @@ def _endpoints(config: LoadTestConfig, targets: list[Target], api_key: str | Non
     return endpoints
 
 
-def _describe_plan(config: LoadTestConfig, endpoints: list[tuple[Target, Endpoint]], planned: int, out_dir: Path) -> None:
+def _describe_plan(
+    config: LoadTestConfig, endpoints: list[tuple[Target, Endpoint]], planned: int, out_dir: Path
+) -> None:
     for target, endpoint in endpoints:
         print(f"target {target.name}: {endpoint.url} model={endpoint.model}")
     levels = ",".join(level_label(level) for level in config.levels)

@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 import warnings
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,8 @@ import httpx
 
 from loadtest.request import RequestResult, RequestSpec
 from loadtest.sse import SSEParser
+
+DRAIN_TIMEOUT_S = 2.0
 
 
 class UsageMissingWarning(UserWarning):
@@ -88,6 +91,8 @@ async def send_request(http: httpx.AsyncClient, endpoint: Endpoint, spec: Reques
     except httpx.HTTPError as exc:
         # ConnectError, ReadError, RemoteProtocolError (server closed mid-stream), ...
         return result.fail(type(exc).__name__, str(exc))
+    except Exception as exc:  # a reply this client cannot make sense of, e.g. usage counts that are not numbers
+        return result.fail(f"client_{type(exc).__name__}", str(exc))
     if result.error_kind:
         return result
     if not result.chunk_times:
@@ -113,7 +118,8 @@ async def _stream(http: httpx.AsyncClient, endpoint: Endpoint, spec: RequestSpec
         usage: dict[str, Any] | None = None
         text_parts: list[str] = []
         done = False
-        async for text in response.aiter_text():
+        stream = response.aiter_text()
+        async for text in stream:
             now = time.perf_counter()  # every event completed by this read arrived now
             for event in parser.feed(text):
                 done, usage = _handle(event.data, endpoint.kind, now, result, text_parts, usage)
@@ -128,6 +134,8 @@ async def _stream(http: httpx.AsyncClient, endpoint: Endpoint, spec: RequestSpec
                 if done or result.error_kind:
                     break
         result.e2el_s = time.perf_counter() - result.start_time
+        if done:
+            await _drain(stream)
     result.generated_text = "".join(text_parts)
     if usage is not None and usage.get("completion_tokens") is not None:
         result.output_tokens = int(usage["completion_tokens"])
@@ -136,6 +144,18 @@ async def _stream(http: httpx.AsyncClient, endpoint: Endpoint, spec: RequestSpec
     else:
         result.output_tokens = len(result.chunk_times)
         result.usage_missing = True
+
+
+async def _drain(stream: AsyncIterator[str]) -> None:
+    """Read what follows [DONE] (normally just the end of the body), so httpx can put the
+    connection back in its pool; a new connection per request would add a connect to each TTFT.
+    Bounded, because a server that keeps the stream open after [DONE] must not fail the request."""
+    try:
+        async with asyncio.timeout(DRAIN_TIMEOUT_S):
+            async for _ in stream:
+                pass
+    except (TimeoutError, httpx.HTTPError):
+        pass
 
 
 def _handle(

@@ -9,14 +9,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from loadtest.metrics import SLO_KEYS
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
-    """"1,4,16,64" -> (1, 4, 16, 64): each level is a max number of requests in flight."""
+    """Parse "1,4,16,64" into (1, 4, 16, 64); each level is a max number of requests in flight."""
     try:
         levels = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
@@ -27,7 +28,7 @@ def parse_levels(text: str) -> tuple[int, ...]:
 
 
 def parse_slo(text: str) -> dict[str, float]:
-    """"ttft:500,tpot:50" -> {"ttft": 500.0, "tpot": 50.0} (milliseconds)."""
+    """Parse "ttft:500,tpot:50" into {"ttft": 500.0, "tpot": 50.0} (milliseconds)."""
     slo: dict[str, float] = {}
     for part in text.split(","):
         key, sep, value = part.strip().partition(":")
@@ -50,14 +51,18 @@ def _opt(default: Any, help: str, parse: Callable[[str], Any] | None = None, **a
 class LoadTestConfig:
     base_url: str | None = _opt(None, "OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1", str)
     target: tuple[str, ...] = _opt(
-        (), "compare mode: NAME=URL, repeat for each server; figures are also given as ratios to the first", str,
-        action="append", metavar="NAME=URL",
+        (),
+        "compare mode: NAME=URL, repeat for each server; figures are also given as ratios to the first",
+        str,
+        action="append",
+        metavar="NAME=URL",
     )
     model: str | None = _opt(None, "model name to send (default: first id from GET /models of each target)", str)
     endpoint: str = _opt("chat", "API to load: /chat/completions or /completions", str, choices=("chat", "completions"))
     num_prompts: int = _opt(64, "requests measured per concurrency level and target", int)
     concurrency: tuple[int, ...] | None = _opt(
-        None, "comma-separated sweep of max requests in flight (default 1,4,16,64; unbounded with --request-rate)",
+        None,
+        "comma-separated sweep of max requests in flight (default 1,4,16,64; unbounded with --request-rate)",
         parse_levels,
     )
     request_rate: float | None = _opt(None, "requests per second arriving as a Poisson/gamma process", float)
@@ -75,7 +80,9 @@ class LoadTestConfig:
     timeout: float = _opt(600.0, "seconds one request may take in all", float)
     max_requests: int = _opt(10000, "hard cap on requests sent in the whole run, warmup included", int)
     max_duration: float = _opt(3600.0, "hard cap on the run's wall time in seconds", float)
-    slo: dict[str, float] | None = _opt(None, "goodput SLOs in ms, e.g. ttft:500,tpot:50 (keys: ttft, tpot, e2el)", parse_slo)
+    slo: dict[str, float] | None = _opt(
+        None, "goodput SLOs in ms, e.g. ttft:500,tpot:50 (keys: ttft, tpot, e2el)", parse_slo
+    )
     output_dir: str | None = _opt(None, "where results.json and the plots go (default results/loadtest-DATE-TIME)", str)
     allow_remote: bool = _opt(False, "allow base URLs whose host is not loopback")
 

@@ -19,8 +19,9 @@ import json
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 import uvicorn
 from sse_starlette.sse import EventSourceResponse
@@ -45,16 +46,19 @@ class FakeServerConfig:
 
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}}, status_code=status
+    )
 
 
 def build_app(config: FakeServerConfig) -> Starlette:
     app = Starlette(routes=[])
-    # What tests look at: how many requests came, when (time.monotonic()), and the last one sent.
+    # What tests look at: how many requests came, when (time.monotonic()), the last one, connections.
     app.state.requests_seen = 0
     app.state.arrivals = []
     app.state.last_body = None
     app.state.last_authorization = None
+    app.state.client_ports = set()  # one per TCP connection: shows whether clients reuse them
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": config.model, "object": "model", "owned_by": "fake"}]})
@@ -63,6 +67,8 @@ def build_app(config: FakeServerConfig) -> Starlette:
         app.state.requests_seen += 1
         app.state.arrivals.append(time.monotonic())
         app.state.last_authorization = request.headers.get("authorization")
+        if request.client is not None:
+            app.state.client_ports.add(request.client.port)
         if config.api_key is not None and request.headers.get("authorization") != f"Bearer {config.api_key}":
             return _error(401, "bad api key", "authentication_error")
         if config.fail_every and app.state.requests_seen % config.fail_every == 0:
@@ -117,7 +123,9 @@ async def _events(
         if index:
             await asyncio.sleep(config.itl_s)
         if index == config.stream_error_after:
-            yield {"data": json.dumps({"error": {"message": "injected stream error", "type": "server_error", "code": 500}})}
+            yield {
+                "data": json.dumps({"error": {"message": "injected stream error", "type": "server_error", "code": 500}})
+            }
             return
         num_tokens = min(config.tokens_per_chunk, max_tokens - sent)
         yield chunk("tok " * num_tokens)

@@ -54,7 +54,9 @@ def plot_sweep(records: list[dict[str, Any]], path: Path) -> None:
         runs = [r for r in records if r["target"] == target and r["max_concurrency"] is not None]
         xs = [r["max_concurrency"] for r in runs]
         ax_tput.plot(xs, [r["output_throughput"] or 0.0 for r in runs], marker="o", label=target)
-        ax_ttft.plot(xs, [r["p99_ttft_ms"] if r["p99_ttft_ms"] is not None else np.nan for r in runs], marker="o", label=target)
+        ax_ttft.plot(
+            xs, [r["p99_ttft_ms"] if r["p99_ttft_ms"] is not None else np.nan for r in runs], marker="o", label=target
+        )
     for ax, ylabel in ((ax_tput, "output tokens/s"), (ax_ttft, "p99 TTFT (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("max concurrency")

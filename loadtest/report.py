@@ -80,14 +80,19 @@ def format_tables(records: list[dict[str, Any]], stopped_reason: str | None) -> 
         rate = first["request_rate"]
         lines.append(f"\n=== max concurrency {level_label(level)}, request rate {rate} req/s ===")
         header = ["", *[r["target"] for r in block]] + [f"{r['target']}/{first['target']}" for r in block[1:]]
-        table = [header, ["Completed / failed", *[f"{r['completed']} / {r['failed']}" for r in block]] + [""] * (len(block) - 1)]
+        table = [
+            header,
+            ["Completed / failed", *[f"{r['completed']} / {r['failed']}" for r in block]] + [""] * (len(block) - 1),
+        ]
         for label, key in _rows():
             if key == "request_goodput" and first[key] is None:
                 continue
             table.append([label, *[_fmt(r[key]) for r in block]] + [_ratio(r[key], first[key]) for r in block[1:]])
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
         for row in table:
-            lines.append("  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)))
+            lines.append(
+                "  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
+            )
         for r in block:
             lines.extend(_notes(r))
     if stopped_reason:

@@ -48,7 +48,7 @@ class RequestResult:
     @property
     def itls_s(self) -> list[float]:
         """Gaps between successive content chunks (vLLM's ITL: per chunk, not per token)."""
-        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:], strict=False)]
 
     @property
     def tpot_s(self) -> float | None:

@@ -111,7 +111,8 @@ class Runner:
             await self._round(http, specs, offsets, throwaway)
             if throwaway.results and not any(r.success for r in throwaway.results):
                 first = throwaway.results[0]
-                tqdm.write(f"WARNING: every warmup request to {target.name} failed, e.g. {first.error_kind}: {first.error_message[:200]}")
+                example = f"{first.error_kind}: {first.error_message[:200]}"
+                tqdm.write(f"WARNING: every warmup request to {target.name} failed, e.g. {example}")
             if self.state.stopped_reason:
                 return
 
@@ -131,7 +132,9 @@ class Runner:
                 if self.state.stopped_reason:
                     return
 
-    async def _round(self, http: httpx.AsyncClient, specs: list[RequestSpec], offsets: list[float], run: LevelRun) -> None:
+    async def _round(
+        self, http: httpx.AsyncClient, specs: list[RequestSpec], offsets: list[float], run: LevelRun
+    ) -> None:
         """Send specs at their offsets with at most run.max_concurrency in flight; wait for all."""
         cap = asyncio.Semaphore(run.max_concurrency) if run.max_concurrency is not None else None
         in_flight = 0
@@ -152,7 +155,7 @@ class Runner:
             assert self._bar is not None, "the progress bar lives for the whole run"
             self._bar.update(1)
 
-        tasks = [asyncio.create_task(one(spec, offset)) for spec, offset in zip(specs, offsets)]
+        tasks = [asyncio.create_task(one(spec, offset)) for spec, offset in zip(specs, offsets, strict=True)]
         try:
             await asyncio.gather(*tasks)
         except BaseException:
@@ -177,7 +180,9 @@ class Runner:
         self._bar.set_description(text)
 
 
-async def run_load(config: LoadTestConfig, endpoints: list[tuple[Target, Endpoint]], prompts: PromptSource, state: RunState) -> None:
+async def run_load(
+    config: LoadTestConfig, endpoints: list[tuple[Target, Endpoint]], prompts: PromptSource, state: RunState
+) -> None:
     """Run everything within --max-duration; on Ctrl-C the cancellation propagates to the caller."""
     try:
         async with asyncio.timeout(config.max_duration):

@@ -67,7 +67,9 @@ def first_model(target: Target, api_key: str | None, timeout_s: float) -> str:
     except httpx.HTTPError as exc:
         raise ValueError(f"{target.name}: GET {target.base_url}/models failed: {exc}") from None
     if response.status_code != 200:
-        raise ValueError(f"{target.name}: GET {target.base_url}/models answered {response.status_code}: {response.text[:200]}")
+        raise ValueError(
+            f"{target.name}: GET {target.base_url}/models answered {response.status_code}: {response.text[:200]}"
+        )
     try:
         return str(response.json()["data"][0]["id"])
     except (ValueError, KeyError, IndexError, TypeError):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.cli import main
+from loadtest.client import UsageMissingWarning
 from loadtest.fake_server import FakeServerConfig, start_in_thread
 from loadtest.targets import is_loopback
 
@@ -168,3 +169,18 @@ def test_bad_arguments_exit_2(capsys):
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2
+
+
+def test_missing_usage_is_flagged_in_table_and_json(tmp_path, capsys):
+    server = start_in_thread(FakeServerConfig(ttft_s=0.01, itl_s=0.002, tokens_per_chunk=2, send_usage=False))
+    try:
+        with pytest.warns(UsageMissingWarning):
+            rc = main(["--base-url", server.base_url, "--num-prompts", "3", "--concurrency", "3", "--output-len", "6",
+                       "--warmup", "0", "--output-dir", str(tmp_path)])  # fmt: skip
+    finally:
+        server.stop()
+    assert rc == 0
+    (run,) = read(tmp_path)["runs"]
+    assert run["usage_missing"] == 3
+    assert run["output_lens"] == [3, 3, 3]  # 6 tokens in 3 chunks of 2: the fallback undercounts
+    assert "WARNING server: 3 request(s) streamed no usage chunk" in capsys.readouterr().out

@@ -26,7 +26,7 @@ LATE_S = 0.1  # scheduling delay allowed on a loaded machine
 def test_sse_parser_framing():
     parser = SSEParser()
     # "\r\n" endings, a "\r\n" split over two reads, a comment (ping), a field without a space.
-    assert parser.feed(": ping\r\ndata: {\"a\": 1}\r") == []
+    assert parser.feed(': ping\r\ndata: {"a": 1}\r') == []
     assert [e.data for e in parser.feed("\n\r\ndata:2\n")] == ['{"a": 1}']
     assert [e.data for e in parser.feed("\ndata: x\ndata: y\n\n")] == ["2", "x\ny"]
     # A lone "\r" ends a line too; the last event may lack its blank line at EOF.
@@ -58,13 +58,16 @@ def servers():
         server.stop()
 
 
-def run(base_url, max_tokens=6, kind="chat", prompt="one two three", **endpoint_kwargs):
+def run(base_url, max_tokens=6, kind="chat", prompt="one two three", repeat=1, **endpoint_kwargs):
+    """Send the same request `repeat` times in a row over one client; returns the last result."""
     endpoint = Endpoint(base_url=base_url, model="fake-model", kind=kind, **endpoint_kwargs)
     spec = RequestSpec(prompt=prompt, messages=None, max_tokens=max_tokens, input_len=3)
 
     async def go():
         async with httpx.AsyncClient(trust_env=False) as http:
-            return await send_request(http, endpoint, spec)
+            for _ in range(repeat):
+                result = await send_request(http, endpoint, spec)
+            return result
 
     return asyncio.run(go())
 
@@ -87,10 +90,12 @@ def test_timings_match_server_delays(servers, kind):
 
 
 def test_several_tokens_per_chunk_and_crlf(servers):
-    r = run(servers["multi"].base_url, max_tokens=7)  # chunks of 3, 3, 1 tokens, "\r\n" framing
+    r = run(servers["multi"].base_url, max_tokens=7, repeat=3)  # chunks of 3, 3, 1 tokens, "\r\n" framing
     assert r.success, r.error_message
     assert len(r.chunk_times) == 3
     assert r.output_tokens == 7  # from usage, not the chunk count
+    # The stream is read to its end, so back-to-back requests share one connection.
+    assert len(servers["multi"].app.state.client_ports) == 1
 
 
 def test_missing_usage_falls_back_with_warning(servers):
