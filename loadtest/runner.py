@@ -89,7 +89,9 @@ class Runner:
         levels = self.config.levels
         caps = [level for level in levels if level is not None]
         # The pool must not queue requests behind the concurrency cap: that wait would count as TTFT.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(caps, default=256))
+        # Idle connections of every target stay open between rounds, so the next round starts warm.
+        keepalive = max(caps, default=256) * len(self.endpoints)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=keepalive)
         timeout = httpx.Timeout(self.config.timeout)
         total = min(planned_requests(self.config, len(self.endpoints)), self.config.max_requests)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as http:
