@@ -63,10 +63,16 @@ def _prefill_attention(q, k, v, mask, scale):
 
 
 def _decode_attention(q, k_cache, v_cache, block_tables, mask, scale):
-    num_seqs = block_tables.shape[0]
+    """One query per sequence: two batched matmuls and a softmax, cheaper than SDPA's kernel
+    launch for a single query row."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
     # [num_seqs, max_blocks, block_size, kv_heads, head_dim] -> [num_seqs, kv_heads, max_ctx, head_dim]
     kd = k_cache[block_tables].flatten(1, 2).transpose(1, 2)
     vd = v_cache[block_tables].flatten(1, 2).transpose(1, 2)
-    o = F.scaled_dot_product_attention(q.view(num_seqs, q.shape[1], 1, q.shape[2]), kd, vd,
-                                       attn_mask=mask, scale=scale, enable_gqa=True)
-    return o.squeeze(2)
+    qg = q.view(num_seqs, num_kv_heads, group, head_dim)  # query heads grouped by their KV head
+    scores = torch.matmul(qg, kd.transpose(2, 3)).float() * scale  # [num_seqs, kv_heads, group, max_ctx]
+    scores.masked_fill_(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1).to(q.dtype)
+    return torch.matmul(probs, vd).view(num_seqs, num_heads, head_dim)

@@ -20,6 +20,7 @@ from engine.device import resolve_device, resolve_dtype
 from engine.kv_cache import allocate_kv_caches, available_memory, bytes_per_block
 from engine.messages import EngineStats, SamplingParams, TokenDelta
 from engine.model_runner import ModelRunner
+from engine.models.cpu_linear import can_pack, pack_linears
 from engine.models.loader import load_model, read_hf_config
 from engine.request import Request
 from engine.sampling_validation import validate_prompt, validate_sampling_params
@@ -35,6 +36,8 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         hf_config = read_hf_config(self.model_dir)
         self.model = load_model(self.model_dir, self.dtype, self.device)
+        if can_pack(self.dtype, self.device):
+            pack_linears(self.model, batch_hint=config.max_num_seqs)
         arch = self.model.arch
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = _eos_token_ids(self.model_dir, hf_config)
