@@ -31,14 +31,15 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot (block * block_size + offset)
     num_decode_tokens: int
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
+    # [kv_heads * num_decodes, 1, max_blocks * block_size] bool, True past a sequence's length
+    decode_mask: torch.Tensor | None
     prefills: list[PrefillChunk]
 
 
 @dataclass
 class ForwardContext:
     attn: AttentionMetadata
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: K, V [blocks, block_size, kv_heads, head_dim]
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: K, V [kv_heads, blocks, block_size, head_dim]
 
 
 _current: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("forward_context", default=None)

@@ -27,7 +27,7 @@ def available_memory(device: torch.device) -> int:
 
 def allocate_kv_caches(arch: ModelArch, num_blocks: int, block_size: int, dtype: torch.dtype,
                        device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    shape = (num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
+    shape = (arch.num_kv_heads, num_blocks, block_size, arch.head_dim)
     # Zeroed so masked-out slots never hold NaN bit patterns (0 * NaN would poison attention).
     return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(arch.num_layers)]

@@ -68,6 +68,7 @@ class TokenDelta(msgspec.Struct, array_like=True):
     stop_reason: int | None = None  # the stop token id that ended it, if any
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    error: str | None = None  # with finish_reason "error": why the engine refused the request
 
 
 class EngineStats(msgspec.Struct, tag=True):
@@ -79,6 +80,9 @@ class EngineStats(msgspec.Struct, tag=True):
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    # Seconds from arrival to first schedule, one per request that left the queue since the
+    # last EngineStats (observations for a histogram, not a gauge).
+    queue_times: list[float] = []
 
 
 class EngineOutputs(msgspec.Struct, tag=True):
@@ -91,8 +95,129 @@ class EngineReady(msgspec.Struct, tag=True):
     max_model_len: int
     device: str
     dtype: str
+    vocab_size: int = 0
+    model_dir: str = ""
 
 
 class ProcessError(msgspec.Struct, tag=True):
     process: str
     message: str
+
+
+# EngineReady and ProcessError travel on: engine -> tokenizer worker -> server. AbortRequest is
+# also what the server sends the tokenizer worker (with the server's request ids).
+
+# ---- to the tokenizer worker (from the server) -------------------------------------------
+
+
+class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: str  # "system" | "user" | "assistant" (checked by the server)
+    content: str  # text parts already joined by the server
+    name: str | None = None
+
+
+class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
+    """One HTTP generation request: a chat conversation, or completion prompts (text or ids).
+
+    The worker runs len(prompts) * n choices (1 * n for chat); choice index = prompt * n + i.
+    """
+
+    request_id: str
+    sampling_params: SamplingParams
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    prompts: list[str | list[int]] = []
+    arrival_time: float = 0.0
+
+
+class TokenizeRequest(msgspec.Struct, tag=True, kw_only=True):
+    request_id: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(msgspec.Struct, tag=True):
+    request_id: str
+    token_ids: list[int]
+
+
+# ---- to the server (from the tokenizer worker) -------------------------------------------
+
+
+class PromptAccepted(msgspec.Struct, tag=True):
+    """The prompts are tokenized, valid, and on their way to the engine."""
+
+    request_id: str
+    num_prompt_tokens: int
+
+
+class RequestRejected(msgspec.Struct, tag=True):
+    """A request the worker could not take (bad input: status 400), with the field to blame."""
+
+    request_id: str
+    message: str
+    param: str | None = None
+    status: int = 400
+
+
+class TopLogprob(msgspec.Struct, array_like=True):
+    token: str  # the token decoded on its own (may be a partial character)
+    token_bytes: list[int]  # its exact bytes
+    logprob: float
+
+
+class TextLogprob(msgspec.Struct, array_like=True):
+    token: str
+    token_bytes: list[int]
+    logprob: float
+    top: list[TopLogprob] = []
+
+
+class Usage(msgspec.Struct, array_like=True):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+class TextDelta(msgspec.Struct, array_like=True):
+    """New text of one choice. Sent only when there is text, logprobs or a finish."""
+
+    request_id: str
+    index: int  # the choice
+    text: str
+    num_new_tokens: int  # output tokens this delta accounts for
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    logprobs: list[TextLogprob] | None = None
+    usage: Usage | None = None  # on the delta that ends the whole request, only
+    error: str | None = None  # with finish_reason "error"
+
+
+class TextOutputs(msgspec.Struct, tag=True):
+    """What one engine step produced, as text; `stats` passed through from the engine."""
+
+    deltas: list[TextDelta]
+    stats: EngineStats | None = None
+
+
+class TokenizeResponse(msgspec.Struct, tag=True):
+    request_id: str
+    token_ids: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(msgspec.Struct, tag=True):
+    request_id: str
+    text: str
+
+
+# ---- what each socket carries (for the msgpack decoders) ---------------------------------
+
+ToEngine = EngineRequest | AbortRequest
+FromEngine = EngineOutputs | EngineReady | ProcessError
+ToTokenizerWorker = GenerateRequest | AbortRequest | TokenizeRequest | DetokenizeRequest
+ToServer = (TextOutputs | PromptAccepted | RequestRejected | TokenizeResponse | DetokenizeResponse
+            | EngineReady | ProcessError)

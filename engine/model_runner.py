@@ -82,7 +82,9 @@ class ModelRunner:
             lens = torch.tensor(decode_lens, dtype=torch.int64, device=dev)
             key_pos = torch.arange(width * bs, device=dev)
             meta.decode_block_tables = tables
-            meta.decode_mask = (key_pos.unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]  # [seqs, 1, 1, keys]
+            past_end = key_pos.unsqueeze(0) >= lens.unsqueeze(1)  # [seqs, keys]
+            num_kv_heads = self.model.arch.num_kv_heads
+            meta.decode_mask = past_end.repeat(num_kv_heads, 1).unsqueeze(1)  # [kv_heads * seqs, 1, keys]
         return (torch.tensor(input_ids, dtype=torch.int64, device=dev),
                 torch.tensor(positions, dtype=torch.int64, device=dev),
                 meta, torch.tensor(sample_rows, dtype=torch.int64, device=dev), sample_reqs)

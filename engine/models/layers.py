@@ -60,13 +60,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos().float(), persistent=False)
         self.register_buffer("sin", freqs.sin().float(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, head_dim // 2]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-step tables, built once per forward and shared by every layer:
+        cos as [cos, cos] and sin as [-sin, sin], each [num_tokens, 1, head_dim]."""
+        cos, sin = self.cos[positions], self.sin[positions]
+        return torch.cat((cos, cos), -1).unsqueeze(1).to(dtype), torch.cat((-sin, sin), -1).unsqueeze(1).to(dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, heads, head_dim]. Rotate-half RoPE: x*cos + [x2, x1]*[-sin, sin]."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return x * cos + swapped * sin

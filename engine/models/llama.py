@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import paged_attention
-from engine.models.layers import RMSNorm, RotaryEmbedding
+from engine.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class ModelArch:
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: ModelArch, layer_idx: int, rotary: RotaryEmbedding):
+    def __init__(self, arch: ModelArch, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
@@ -72,7 +72,6 @@ class Attention(nn.Module):
         self.kv_size = arch.num_kv_heads * arch.head_dim
         self.qkv_proj = nn.Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias)
         self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=False)
-        self.rotary = rotary
         if arch.qk_norm:
             self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
             self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
@@ -80,15 +79,15 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale = arch.head_dim ** -0.5
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)  # [num_tokens, heads, head_dim]
-        k = k.view(n, self.num_kv_heads, self.head_dim)  # [num_tokens, kv_heads, head_dim]
-        v = v.view(n, self.num_kv_heads, self.head_dim)
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        n, h, kvh = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x)
+        # q and k heads side by side: [num_tokens, heads + kv_heads, head_dim], rotated in one go
+        qk = qkv[:, : self.q_size + self.kv_size].view(n, h + kvh, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+            qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
+        q, k = apply_rope(qk, *rope).split((h, kvh), dim=1)
+        v = qkv[:, self.q_size + self.kv_size:].view(n, kvh, self.head_dim)
         o = paged_attention(q, k, v, self.layer_idx, self.scale)
         return self.o_proj(o.reshape(n, self.q_size))
 
@@ -106,16 +105,16 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, layer_idx: int, rotary: RotaryEmbedding):
+    def __init__(self, arch: ModelArch, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = Attention(arch, layer_idx, rotary)
+        self.self_attn = Attention(arch, layer_idx)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = MLP(arch)
 
-    def forward(self, positions, x, residual):
+    def forward(self, rope, x, residual):
         x, residual = (self.input_layernorm(x), x) if residual is None else self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x)
+        x = self.self_attn(rope, x)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -125,8 +124,8 @@ class CausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        rotary = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling)
-        self.layers = nn.ModuleList(DecoderLayer(arch, i, rotary) for i in range(arch.num_layers))
+        self.rotary = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling)
+        self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         self.tie_weights()
@@ -138,9 +137,10 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        rope = self.rotary.cos_sin(positions, x.dtype)
         residual = None
         for layer in self.layers:
-            x, residual = layer(positions, x, residual)
+            x, residual = layer(rope, x, residual)
         x, _ = self.norm(x, residual)
         return x
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.models.layers import RotaryEmbedding
 from engine.models.llama import CausalLM, ModelArch
 
 # checkpoint suffix -> (our suffix, shard index in the merged matrix or None)
@@ -58,12 +59,9 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Cau
 
 
 def _rebuild_rotary(model: CausalLM, device: torch.device) -> None:
-    from engine.models.layers import RotaryEmbedding
-
     arch = model.arch
-    rotary = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling).to(device)
-    for layer in model.layers:
-        layer.self_attn.rotary = rotary
+    model.rotary = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta,
+                                   arch.rope_scaling).to(device)
 
 
 def _load_tensor(model, params, arch: ModelArch, name: str, tensor: torch.Tensor, loaded: set[str]) -> None:
