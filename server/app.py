@@ -1,0 +1,88 @@
+"""The FastAPI app: generation routers, models, health, metrics, tokenize / detokenize."""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from engine.messages import ChatMessage, DetokenizeRequest, TokenizeRequest
+from server import chat, completions
+from server.errors import check_token_ids, bad_request, error_response, install_error_handlers, unavailable
+from server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from server.protocol import DetokenizeBody, TokenizeBody
+from server.state import ServingState
+
+
+def create_app(state: ServingState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        await state.startup()
+        try:
+            yield
+        finally:
+            state.shutdown()
+
+    app = FastAPI(title="llm-serve", lifespan=lifespan)
+    app.state.serving = state
+    install_error_handlers(app)
+    app.include_router(chat.router)
+    app.include_router(completions.router)
+    app.add_middleware(BodySizeLimitMiddleware)
+    if state.config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=state.config.api_key)
+
+    @app.get("/health")
+    async def health():
+        problem = state.health_problem()
+        if problem is not None:
+            return error_response(unavailable(problem))
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    def model_card() -> dict:
+        ready = state.ready
+        return {"id": state.served_model_name, "object": "model", "created": 0, "owned_by": "llm-serve",
+                "root": state.model_dir, "parent": None,
+                "max_model_len": ready.max_model_len if ready is not None else None}
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str):
+        state.check_model(model)
+        return model_card()
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeBody):
+        ready = state.check_accepting()
+        state.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise bad_request("give either prompt or messages", "prompt")
+        messages = None
+        if body.messages is not None:
+            messages = [ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text(),
+                                    name=m.name) for m in body.messages]
+        # vLLM's defaults: special tokens for a plain prompt, none beyond the template for chat.
+        add_special = body.add_special_tokens if body.add_special_tokens is not None else messages is None
+        answer = await state.client.call(lambda rid: TokenizeRequest(
+            request_id=rid, prompt=body.prompt, messages=messages, add_special_tokens=add_special,
+            add_generation_prompt=body.add_generation_prompt, return_token_strs=body.return_token_strs))
+        return {"count": len(answer.token_ids), "max_model_len": ready.max_model_len, "tokens": answer.token_ids,
+                "token_strs": answer.token_strs}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeBody):
+        ready = state.check_accepting()
+        state.check_model(body.model)
+        check_token_ids("tokens", body.tokens, ready.vocab_size)
+        answer = await state.client.call(lambda rid: DetokenizeRequest(rid, body.tokens))
+        return {"prompt": answer.text}
+
+    return app

@@ -1,0 +1,60 @@
+"""`python -m server [MODEL] [flags]`: check the model, then run uvicorn with the app."""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import sys
+
+import uvicorn
+
+from engine.default_model import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model, resolve_model_path
+from engine.ipc import LOG_FORMAT
+from server.app import create_app
+from server.config import parse_args
+from server.runner import DrainingServer
+from server.state import ServingState
+
+logger = logging.getLogger("server")
+
+# One request header block (request line + headers) larger than this is refused by h11, so a
+# single huge header cannot exhaust memory.
+MAX_HEADER_BYTES = 64 << 10
+GRACEFUL_SHUTDOWN_S = 10  # after our drain only idle keep-alive connections remain
+
+
+def main(argv: list[str] | None = None) -> int:
+    server_config, engine_config = parse_args(argv)
+    multiprocessing.current_process().name = "server"
+    logging.basicConfig(level=server_config.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    try:
+        model_dir = _model_dir(engine_config.model)
+    except (FileNotFoundError, RuntimeError) as exc:
+        logger.error("%s", exc)
+        return 2
+    served_name = server_config.served_model_name or engine_config.model or DEFAULT_MODEL_NAME
+    state = ServingState(server_config, engine_config.replace(model=model_dir), model_dir, served_name)
+    config = uvicorn.Config(
+        create_app(state), host=server_config.host, port=server_config.port, http="h11", lifespan="on",
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        log_level=server_config.log_level, log_config=None, access_log=False)
+    server = DrainingServer(config, state)
+    try:
+        server.run()
+    finally:
+        state.shutdown()  # also after a forced stop, where uvicorn skips the app's shutdown
+    if not server.started and state.exit_code == 0:
+        return 1  # could not bind the port, or the app failed to start
+    return state.exit_code
+
+
+def _model_dir(model: str | None) -> str:
+    """The model folder; the embedded default is converted once, in a child process, so this
+    process never loads torch."""
+    if model is None and not (default_model_dir() / "config.json").exists():
+        logger.info("converting the embedded %s once; this takes about half a minute", DEFAULT_MODEL_NAME)
+        proc = multiprocessing.get_context("spawn").Process(target=ensure_default_model, name="convert-model")
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"converting {DEFAULT_MODEL_NAME} failed (exit code {proc.exitcode})")
+    return str(resolve_model_path(model))

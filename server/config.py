@@ -1,0 +1,49 @@
+"""Server configuration, and the one command line generated from it and from EngineConfig.
+
+Every flag is also an environment variable LLM_<FLAG> (see `engine.cli_args`); the positional
+MODEL is LLM_MODEL.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+from engine.cli_args import add_dataclass_args, dataclass_from_args, env_name
+from engine.config import EngineConfig
+
+
+def _opt(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = _opt("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
+    port: int = _opt(8000, "port to listen on")
+    served_model_name: str | None = _opt(
+        None, "model id that clients send and /v1/models lists; default: MODEL as given, or "
+              "SmolLM2-135M-Instruct for the embedded model")
+    api_key: str | None = _opt(None, "require 'Authorization: Bearer <key>' on /v1/*, /tokenize, /detokenize")
+    max_queued_requests: int = _opt(
+        1024, "sequences that may wait beyond --max-num-seqs; more get 503 with Retry-After")
+    drain_timeout: float = _opt(600.0, "seconds SIGTERM waits for running requests to finish")
+    log_level: str = _opt("info", "debug | info | warning | error")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m server",
+        description="OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models, "
+                    "/health, /metrics, /tokenize, /detokenize.")
+    parser.add_argument("model", nargs="?", default=os.environ.get(env_name("model")),
+                        help="local Hugging Face model folder; default: the embedded SmolLM2-135M-Instruct "
+                             f"(env {env_name('model')})")
+    add_dataclass_args(parser, EngineConfig, skip=("model",))
+    add_dataclass_args(parser, ServerConfig)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, EngineConfig]:
+    args = build_parser().parse_args(argv)
+    return dataclass_from_args(ServerConfig, args), dataclass_from_args(EngineConfig, args)

@@ -1,0 +1,222 @@
+"""The server's end of the queues: requests go to the tokenizer worker, text comes back.
+
+One reader task receives everything the worker sends and routes it: TextDeltas to the
+RequestStream of their request (each HTTP handler reads its own), tokenize answers to their
+futures, engine gauges to the metrics. Messages for requests that are gone (the client left) are
+dropped. Sending never blocks: PUSH with no high-water mark.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from engine.ipc import Channel, IpcPaths, open_socket
+from engine.messages import (AbortRequest, DetokenizeResponse, EngineReady, GenerateRequest, ProcessError,
+                             PromptAccepted, RequestRejected, TextDelta, TextOutputs, TokenizeResponse, ToServer)
+from server.errors import ApiError, unavailable
+from server.metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class Failure:
+    """Put in a stream's queue when the pipeline died under it."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+class RequestStream:
+    """The TextDeltas of one request, in order; iteration ends after the one carrying usage."""
+
+    def __init__(self, request_id: str, num_choices: int):
+        self.request_id = request_id
+        self.num_unfinished = num_choices
+        self.queue: asyncio.Queue[TextDelta | PromptAccepted | RequestRejected | Failure] = asyncio.Queue()
+        self.arrival = time.perf_counter()
+        self.first_text_at: float | None = None
+        self.last_text_at: dict[int, float] = {}  # per choice
+        self.num_prompt_tokens = 0
+
+    async def __aiter__(self) -> AsyncIterator[TextDelta]:
+        while True:
+            item = await self.queue.get()
+            if isinstance(item, Failure):
+                raise ApiError(500, f"the request failed: {item.reason}", code="engine_failed")
+            yield item
+            if item.usage is not None:
+                return
+
+
+class EngineClient:
+    def __init__(self, paths: IpcPaths, metrics: ServerMetrics, max_in_flight_seqs: int):
+        self.paths = paths
+        self.metrics = metrics
+        self.max_in_flight_seqs = max_in_flight_seqs
+        ctx = zmq.Context()
+        self._ctx = ctx
+        self._pull = open_socket(zmq.asyncio.Context.shadow(ctx.underlying), zmq.PULL, paths.to_server, bind=True)
+        self._push = Channel(open_socket(ctx, zmq.PUSH, paths.to_worker, bind=True))
+        self.streams: dict[str, RequestStream] = {}
+        self.num_in_flight_seqs = 0  # choices admitted and not finished
+        self._pending: dict[str, asyncio.Future] = {}  # tokenize / detokenize answers
+        self._ids = itertools.count()
+        self.ready: EngineReady | None = None
+        self.failure: str | None = None
+        self.on_ready: Callable[[EngineReady], None] = lambda ready: None
+        self.on_failure: Callable[[str], None] = lambda reason: None
+        self._reader: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop(), name="engine-client-reader")
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        self._pull.close(linger=0)
+        self._push.close()
+        self._ctx.term()
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def check_capacity(self, num_choices: int) -> None:
+        if self.num_in_flight_seqs + num_choices > self.max_in_flight_seqs:
+            raise unavailable(f"too many requests waiting ({self.num_in_flight_seqs} sequences in flight); "
+                              "retry later")
+
+    async def generate(self, request: GenerateRequest, num_choices: int) -> RequestStream:
+        """Send the request; return its stream once the worker accepted it (ApiError if not)."""
+        stream = RequestStream(request.request_id, num_choices)
+        self.streams[request.request_id] = stream
+        self.num_in_flight_seqs += num_choices
+        self._push.send(request)
+        try:
+            first = await stream.queue.get()
+        except BaseException:
+            self.abort(request.request_id)
+            raise
+        if isinstance(first, RequestRejected):
+            raise ApiError(first.status, first.message, first.param)
+        if isinstance(first, Failure):
+            raise ApiError(500, f"the request failed: {first.reason}", code="engine_failed")
+        assert isinstance(first, PromptAccepted), f"unexpected first message {type(first).__name__}"
+        stream.num_prompt_tokens = first.num_prompt_tokens
+        self.metrics.prompt_tokens.inc(first.num_prompt_tokens)
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """The client is gone: stop its sequences in the engine now. Finished ids are ignored."""
+        stream = self._forget(request_id)
+        if stream is None:
+            return
+        for _ in range(stream.num_unfinished):
+            self.metrics.on_finished_choice("abort")
+        if self.failure is None:
+            self._push.send(AbortRequest([request_id]))
+
+    async def call(self, make_request: Callable[[str], msgspec.Struct]) -> TokenizeResponse | DetokenizeResponse:
+        """A tokenize / detokenize round trip; ApiError for bad input."""
+        if self.failure is not None:
+            raise ApiError(500, self.failure, code="engine_failed")
+        request_id = f"tok-{next(self._ids)}"
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        self._push.send(make_request(request_id))
+        try:
+            return await future
+        finally:
+            self._pending.pop(request_id, None)
+
+    def _forget(self, request_id: str) -> RequestStream | None:
+        stream = self.streams.pop(request_id, None)
+        if stream is not None:
+            self.num_in_flight_seqs -= stream.num_unfinished
+        return stream
+
+    # ---- what the worker sends ------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        decoder = msgspec.msgpack.Decoder(ToServer)
+        try:
+            while True:
+                frame = await self._pull.recv(copy=False)
+                self._dispatch(decoder.decode(frame.buffer))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken pipeline must fail loudly, not hang
+            logger.exception("reading from the tokenizer worker failed")
+            self.fail(f"internal error: {type(exc).__name__}: {exc}")
+
+    def _dispatch(self, msg) -> None:
+        if isinstance(msg, TextOutputs):
+            if msg.stats is not None:
+                self.metrics.on_engine_stats(msg.stats)
+            now = time.perf_counter()
+            for delta in msg.deltas:
+                self._on_delta(delta, now)
+        elif isinstance(msg, (PromptAccepted, RequestRejected)):
+            future = self._pending.get(msg.request_id)
+            if future is not None:  # a tokenize call
+                if not future.done():
+                    future.set_exception(ApiError(msg.status, msg.message, msg.param))
+                return
+            stream = self.streams.get(msg.request_id)
+            if stream is not None:
+                if isinstance(msg, RequestRejected):
+                    self._forget(msg.request_id)
+                stream.queue.put_nowait(msg)
+        elif isinstance(msg, (TokenizeResponse, DetokenizeResponse)):
+            future = self._pending.get(msg.request_id)
+            if future is not None and not future.done():
+                future.set_result(msg)
+        elif isinstance(msg, EngineReady):
+            self.ready = msg
+            self.on_ready(msg)
+        elif isinstance(msg, ProcessError):
+            self.fail(f"the {msg.process} process failed: {msg.message}")
+
+    def _on_delta(self, delta: TextDelta, now: float) -> None:
+        stream = self.streams.get(delta.request_id)
+        if stream is None:
+            return  # the client left; the abort is on its way
+        m = self.metrics
+        m.generation_tokens.inc(delta.num_new_tokens)
+        if delta.text:
+            if stream.first_text_at is None:
+                stream.first_text_at = now
+                m.ttft.observe(now - stream.arrival)
+            last = stream.last_text_at.get(delta.index)
+            if last is not None:
+                m.itl.observe(now - last)
+            stream.last_text_at[delta.index] = now
+        if delta.finish_reason is not None:
+            stream.num_unfinished -= 1
+            self.num_in_flight_seqs -= 1
+            m.on_finished_choice(delta.finish_reason)
+        if delta.usage is not None:
+            assert stream.num_unfinished == 0, f"usage before every choice of {delta.request_id} finished"
+            del self.streams[delta.request_id]
+            m.e2e.observe(now - stream.arrival)
+        stream.queue.put_nowait(delta)
+
+    def fail(self, reason: str) -> None:
+        """The pipeline is broken: end every request with an error, then tell the server."""
+        if self.failure is not None:
+            return
+        self.failure = reason
+        logger.error("%s", reason)
+        for stream in self.streams.values():
+            stream.queue.put_nowait(Failure(reason))
+        self.streams.clear()
+        self.num_in_flight_seqs = 0
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(ApiError(500, reason, code="engine_failed"))
+        self.on_failure(reason)

@@ -1,0 +1,105 @@
+"""OpenAI error bodies: {"error": {"message", "type", "param", "code"}}, for every failure path.
+
+The validation handler replaces FastAPI's default 422, which echoes the input back: a body with
+NaN or 1e999 then fails to serialise and turns into a 500. Ours answers 400 and says which field
+is wrong without repeating its value.
+"""
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param)
+
+
+def check_token_ids(field: str, token_ids, vocab_size: int) -> None:
+    bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"{field}: token id {bad} is outside the vocabulary [0, {vocab_size})", field)
+
+
+def unavailable(message: str) -> ApiError:
+    return ApiError(503, message, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def error_type(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status < 500:
+        return "invalid_request_error"
+    return "service_unavailable" if status == 503 else "server_error"
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": error_type(status), "param": param,
+                      "code": code if code is not None else status}}
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(err.status, err.message, err.param, err.code), status_code=err.status,
+                        headers=err.headers)
+
+
+def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
+    """(message, param) for the first problem: where it is and what is expected, no input."""
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    kind = first.get("type", "")
+    loc = [part for part in first.get("loc", ()) if part != "body"]
+    if kind == "json_invalid":
+        reason = (first.get("ctx") or {}).get("error", "")
+        return f"malformed JSON body{': ' + str(reason) if reason else ''}", None
+    # Union members show up as loc parts such as "str" or "list[TextPart]"; drop them.
+    loc = [part for part in loc if isinstance(part, int) or "[" not in str(part) and part not in ("str", "int")]
+    param = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in loc).replace(".[", "[") or None
+    if kind == "unsupported_field":
+        field = str((first.get("ctx") or {}).get("field", ""))
+        return str(first.get("msg", "")), field or None
+    if kind == "extra_forbidden":
+        return f"{param}: unknown field; it is not supported", param
+    if kind in ("missing", "model_attributes_type", "dict_type") and not loc:
+        return "the body must be a JSON object", None
+    message = str(first.get("msg", "invalid value"))
+    return (f"{param}: {message}" if param else message), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError):
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError):
+        message, param = describe_validation_error(exc)
+        return error_response(ApiError(400, message[:500], param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException):
+        message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+        return error_response(ApiError(exc.status_code, message, headers=exc.headers))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception):
+        logger.exception("unhandled error")
+        return error_response(ApiError(500, "internal server error"))

@@ -1,0 +1,132 @@
+"""Serving one generation request, streamed (SSE) or not; the endpoints only format chunks.
+
+Streaming: `data: {json}` events with "\n" separators, then `data: [DONE]`; the first event of a
+choice is sent when its first text exists. A client that goes away has its request aborted in
+the engine at once: sse-starlette cancels the generator, whose `finally` sends the abort.
+Non-streaming: nothing cancels the handler when the client leaves (Starlette cancels streaming
+responses only), so generation runs as a task while the handler polls for the disconnect.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
+
+from engine.messages import GenerateRequest, TextDelta, TextLogprob, Usage
+from server.engine_client import EngineClient, RequestStream
+from server.errors import ApiError, error_body
+from server.state import ServingState
+
+DISCONNECT_POLL_S = 0.1
+CLIENT_CLOSED_REQUEST = 499  # nginx's code; nobody reads it, the client is gone
+
+
+@dataclass
+class ChoiceResult:
+    index: int
+    text_parts: list[str] = field(default_factory=list)
+    logprobs: list[TextLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+class Renderer(Protocol):
+    """One endpoint's JSON shapes."""
+
+    def chunks(self, delta: TextDelta) -> list[dict]: ...
+    def usage_chunk(self, usage: Usage) -> dict: ...
+    def response(self, choices: list[ChoiceResult], usage: Usage) -> dict: ...
+
+
+@dataclass(frozen=True)
+class ResponseIds:
+    id: str
+    created: int
+    model: str
+
+    @classmethod
+    def new(cls, prefix: str, model: str) -> "ResponseIds":
+        return cls(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
+
+
+def usage_dict(usage: Usage) -> dict:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+async def serve_generation(state: ServingState, raw: Request, request: GenerateRequest, num_choices: int,
+                           stream: bool, include_usage: bool, renderer: Renderer) -> Response:
+    client = state.client
+    client.check_capacity(num_choices)
+    request_stream = await client.generate(request, num_choices)
+    if stream:
+        events = _sse_events(client, request_stream, renderer, include_usage)
+        return EventSourceResponse(events, sep="\n", headers={"X-Request-Id": request.request_id})
+    collecting = asyncio.ensure_future(_collect(request_stream, num_choices))
+    try:
+        while True:
+            done, _ = await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_S)
+            if done:
+                choices, usage = collecting.result()
+                return JSONResponse(renderer.response(choices, usage))
+            if await raw.is_disconnected():
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
+    finally:
+        if not collecting.done():
+            collecting.cancel()
+        client.abort(request.request_id)  # a no-op when it finished
+
+
+async def _collect(stream: RequestStream, num_choices: int) -> tuple[list[ChoiceResult], Usage]:
+    choices = [ChoiceResult(i) for i in range(num_choices)]
+    async for delta in stream:
+        _raise_on_engine_error(delta)
+        choice = choices[delta.index]
+        choice.text_parts.append(delta.text)
+        if delta.logprobs:
+            choice.logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_reason
+        if delta.usage is not None:
+            return choices, delta.usage
+    raise AssertionError("the stream ended without usage")
+
+
+def _raise_on_engine_error(delta: TextDelta) -> None:
+    if delta.finish_reason == "error":
+        raise ApiError(500, f"the engine could not run the request: {delta.error or 'unknown error'}",
+                       code="engine_error")
+
+
+async def _sse_events(client: EngineClient, stream: RequestStream, renderer: Renderer,
+                      include_usage: bool) -> AsyncIterator[str]:
+    encode = msgspec.json.encode
+    finished = False
+    try:
+        async for delta in stream:
+            _raise_on_engine_error(delta)
+            for chunk in renderer.chunks(delta):
+                yield encode(chunk).decode()
+            if delta.usage is not None:
+                finished = True
+                if include_usage:
+                    yield encode(renderer.usage_chunk(delta.usage)).decode()
+    except ApiError as err:
+        yield encode(error_body(err.status, err.message, err.param, err.code)).decode()
+    finally:
+        if not finished:
+            client.abort(stream.request_id)
+    yield "[DONE]"

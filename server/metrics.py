@@ -1,0 +1,75 @@
+"""Prometheus metrics under vLLM's names, so existing dashboards and routers work unchanged.
+
+Gauges and the cache/preemption counters come from the engine's EngineStats (cumulative counts,
+turned into increments here); latencies are measured in this process as clients see them: TTFT
+to the first text, ITL between text deltas of a choice, E2E to the end of the request. Counters
+get prometheus_client's `_total` suffix, as vLLM's do.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from engine.messages import EngineStats
+
+# vLLM's buckets.
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0]
+REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.registry = r = CollectorRegistry()
+        label = {"model_name": model_name}
+
+        def gauge(name, doc):
+            return Gauge(name, doc, list(label), registry=r).labels(**label)
+
+        def counter(name, doc):
+            return Counter(name, doc, list(label), registry=r).labels(**label)
+
+        def histogram(name, doc, buckets):
+            return Histogram(name, doc, list(label), buckets=buckets, registry=r).labels(**label)
+
+        self.num_requests_running = gauge("vllm:num_requests_running", "Sequences in the engine's running batch.")
+        self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.")
+        self.kv_cache_usage_perc = gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 = 100 percent).")
+        self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.num_preemptions = counter("vllm:num_preemptions", "Preemptions (by recompute) in the engine.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens.")
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between text deltas of a choice.", ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Request latency, arrival to last token.",
+                             REQUEST_LATENCY_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds", "Time waiting for the first schedule.",
+                                    REQUEST_LATENCY_BUCKETS)
+        success = Counter("vllm:request_success", "Finished choices, by finish reason.",
+                          ["model_name", "finished_reason"], registry=r)
+        self.request_success = {reason: success.labels(model_name=model_name, finished_reason=reason)
+                                for reason in FINISHED_REASONS}
+        self._last_engine_counts = (0, 0, 0)
+
+    def on_engine_stats(self, s: EngineStats) -> None:
+        self.num_requests_running.set(s.num_running)
+        self.num_requests_waiting.set(s.num_waiting)
+        self.kv_cache_usage_perc.set(s.kv_cache_usage)
+        counts = (s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions)
+        for counter, now, before in zip((self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions),
+                                        counts, self._last_engine_counts):
+            if now > before:
+                counter.inc(now - before)
+        self._last_engine_counts = counts
+        for seconds in s.queue_times:
+            self.queue_time.observe(seconds)
+
+    def on_finished_choice(self, reason: str) -> None:
+        self.request_success[reason if reason in self.request_success else "error"].inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

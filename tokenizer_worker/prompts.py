@@ -1,0 +1,64 @@
+"""Prompts in, token ids out: the model's chat template and tokenizer, from the model folder.
+
+Bad input (a conversation the template refuses, a token id outside the vocabulary, a prompt too
+long for max_model_len) raises ValueError("<field>: <why>"), which the worker turns into a 400.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jinja2
+
+from engine.messages import ChatMessage
+from engine.sampling_validation import validate_prompt
+
+
+class PromptTokenizer:
+    def __init__(self, model_dir: str):
+        from transformers import AutoTokenizer  # imported in the worker process only
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def chat_prompt_ids(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> list[int]:
+        if not self.tokenizer.chat_template:
+            raise ValueError("messages: this model has no chat template; use /v1/completions with a prompt")
+        conversation = []
+        for m in messages:
+            entry = {"role": m.role, "content": m.content}
+            if m.name is not None:
+                entry["name"] = m.name
+            conversation.append(entry)
+        try:
+            text = self.tokenizer.apply_chat_template(conversation, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt)
+        except jinja2.TemplateError as exc:  # e.g. `raise_exception('roles must alternate')`
+            raise ValueError(f"messages: the model's chat template refused them: {exc}") from None
+        # The template already wrote the special tokens it wants (BOS, role markers).
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def text_prompt_ids(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        return list(prompt)
+
+    def token_strs(self, token_ids: Sequence[int]) -> list[str]:
+        return self.tokenizer.convert_ids_to_tokens(list(token_ids))
+
+    def decode(self, token_ids: Sequence[int], vocab_size: int) -> str:
+        check_token_ids("tokens", token_ids, vocab_size)
+        return self.tokenizer.decode(list(token_ids))
+
+
+def check_token_ids(field: str, token_ids: Sequence[int], vocab_size: int) -> None:
+    bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"{field}: token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+def check_prompt(field: str, token_ids: list[int], vocab_size: int, max_tokens: int | None,
+                 max_model_len: int) -> None:
+    """The engine's own admission check, run here so a bad prompt never reaches the engine."""
+    try:
+        validate_prompt(token_ids, vocab_size, max_tokens, max_model_len)
+    except ValueError as exc:
+        raise ValueError(f"{field}: {str(exc).removeprefix('prompt: ')}") from None

@@ -1,0 +1,81 @@
+"""One server request inside the tokenizer worker: its choices, their detokenizers, its usage.
+
+A request runs len(prompts) * n choices, each an engine request of its own (child id from
+`engine.parallel_sampling`). Token deltas come in per child; text deltas go out per choice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.messages import SamplingParams, TextDelta, TokenDelta, Usage
+from tokenizer_worker.detokenizer import IncrementalDetokenizer
+from tokenizer_worker.token_text import TokenText
+
+
+@dataclass
+class Choice:
+    index: int
+    prompt_index: int
+    child_id: str
+    detokenizer: IncrementalDetokenizer
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    finished: bool = False
+
+
+@dataclass
+class DeltaResult:
+    delta: TextDelta | None  # None when there is nothing to send yet (text held back)
+    abort_in_engine: bool  # a stop string ended a choice the engine is still running
+
+
+@dataclass
+class WorkerRequest:
+    request_id: str
+    params: SamplingParams
+    prompt_lens: list[int]  # per prompt
+    choices: dict[str, Choice] = field(default_factory=dict)  # by child id
+    num_unfinished: int = 0
+
+    def add_choice(self, choice: Choice) -> None:
+        self.choices[choice.child_id] = choice
+        self.num_unfinished += 1
+
+    def on_token_delta(self, choice: Choice, d: TokenDelta, token_text: TokenText) -> DeltaResult:
+        assert not choice.finished, f"delta for finished choice {choice.child_id}"
+        choice.num_output_tokens += len(d.new_token_ids)
+        choice.num_cached_tokens = d.num_cached_tokens
+        out = choice.detokenizer.add_tokens(d.new_token_ids)
+        text, finish, stop_reason, abort = out.text, None, None, False
+        if out.stop_hit is not None:
+            finish, stop_reason = "stop", out.stop_hit
+            abort = d.finish_reason is None
+        elif d.finish_reason is not None:
+            text += choice.detokenizer.flush()
+            if choice.detokenizer.stop_hit is not None:  # the tail held back completed a stop string
+                finish, stop_reason = "stop", choice.detokenizer.stop_hit
+            else:
+                finish, stop_reason = d.finish_reason, d.stop_reason
+        logprobs = token_text.logprobs(d.logprobs) if d.logprobs else None
+        if finish is None and not text and not logprobs:
+            return DeltaResult(None, False)
+        delta = TextDelta(self.request_id, choice.index, text, len(d.new_token_ids), finish, stop_reason,
+                          logprobs, error=d.error)
+        if finish is not None:
+            choice.finished = True
+            self.num_unfinished -= 1
+            if self.num_unfinished == 0:
+                delta.usage = self.usage()
+        return DeltaResult(delta, abort)
+
+    def unfinished_child_ids(self) -> list[str]:
+        return [c.child_id for c in self.choices.values() if not c.finished]
+
+    def usage(self) -> Usage:
+        # Each prompt counts once however many choices it has (OpenAI's usage for n > 1).
+        cached = [0] * len(self.prompt_lens)
+        for c in self.choices.values():
+            cached[c.prompt_index] = max(cached[c.prompt_index], c.num_cached_tokens)
+        return Usage(prompt_tokens=sum(self.prompt_lens),
+                     completion_tokens=sum(c.num_output_tokens for c in self.choices.values()),
+                     cached_tokens=sum(cached))

@@ -1,0 +1,190 @@
+"""The tokenizer worker process: between the server (text) and the engine (token ids).
+
+From the server: GenerateRequest (chat template, tokenize, check, fan out n choices to the
+engine), AbortRequest (forwarded for every unfinished choice), tokenize / detokenize requests.
+From the engine: TokenDeltas, turned into TextDeltas by one IncrementalDetokenizer per choice;
+a stop string ends its choice here and the engine is told to abort that child at once. Token
+deltas for ids it does not know (aborted, finished, late duplicates) are dropped.
+"""
+from __future__ import annotations
+
+import logging
+
+import msgspec
+import zmq
+
+from engine.ipc import Channel, IpcPaths, ParentWatch, open_socket, report_crash, start_child_process
+from engine.messages import (AbortRequest, DetokenizeRequest, DetokenizeResponse, EngineOutputs, EngineReady,
+                             EngineRequest, FromEngine, GenerateRequest, ProcessError, PromptAccepted,
+                             RequestRejected, TextDelta, TextOutputs, TokenizeRequest, TokenizeResponse,
+                             ToTokenizerWorker)
+from engine.parallel_sampling import child_request_id, fan_out
+from tokenizer_worker.detokenizer import IncrementalDetokenizer
+from tokenizer_worker.prompts import PromptTokenizer, check_prompt, check_token_ids
+from tokenizer_worker.request_state import Choice, WorkerRequest
+from tokenizer_worker.token_text import TokenText
+
+logger = logging.getLogger(__name__)
+
+PROCESS_NAME = "tokenizer_worker"
+POLL_MS = 1000  # how often an idle worker checks that its parent is still there
+
+
+def run_tokenizer_worker(model_dir: str, paths: IpcPaths, log_level: str = "info") -> None:
+    """Entry function of the tokenizer worker process (multiprocessing spawn target)."""
+    start_child_process(PROCESS_NAME, log_level)
+    ctx = zmq.Context()
+    to_server = Channel(open_socket(ctx, zmq.PUSH, paths.to_server, bind=False))
+    try:
+        from_server = open_socket(ctx, zmq.PULL, paths.to_worker, bind=False)
+        from_engine = open_socket(ctx, zmq.PULL, paths.from_engine, bind=True)
+        to_engine = Channel(open_socket(ctx, zmq.PUSH, paths.to_engine, bind=False))
+        worker = TokenizerWorker(PromptTokenizer(model_dir), to_server, to_engine)
+        worker.run(from_server, from_engine)
+    except BaseException as exc:  # noqa: BLE001 - any crash is reported, then the process exits loudly
+        report_crash(to_server, PROCESS_NAME, exc)
+        raise SystemExit(1) from None
+
+
+class TokenizerWorker:
+    def __init__(self, prompts: PromptTokenizer, to_server: Channel, to_engine: Channel):
+        self.prompts = prompts
+        self.token_text = TokenText(prompts.tokenizer)
+        self.to_server = to_server
+        self.to_engine = to_engine
+        self.engine: EngineReady | None = None  # limits, known once the engine is up
+        self.requests: dict[str, WorkerRequest] = {}
+        self.children: dict[str, tuple[WorkerRequest, Choice]] = {}  # by engine request id
+
+    def run(self, from_server: zmq.Socket, from_engine: zmq.Socket) -> None:
+        server_decoder = msgspec.msgpack.Decoder(ToTokenizerWorker)
+        engine_decoder = msgspec.msgpack.Decoder(FromEngine)
+        poller = zmq.Poller()
+        poller.register(from_server, zmq.POLLIN)
+        poller.register(from_engine, zmq.POLLIN)
+        parent = ParentWatch()
+        while True:
+            ready = dict(poller.poll(POLL_MS))
+            if not ready:
+                parent.check()
+            # Engine output first: it frees state and carries the tokens clients wait for.
+            if from_engine in ready:
+                for frame in _drain(from_engine):
+                    self.on_engine_message(engine_decoder.decode(frame))
+            if from_server in ready:
+                for frame in _drain(from_server):
+                    self.on_server_message(server_decoder.decode(frame))
+
+    # ---- from the server ----------------------------------------------------------------
+
+    def on_server_message(self, msg) -> None:
+        request_id = getattr(msg, "request_id", "")
+        try:
+            if isinstance(msg, GenerateRequest):
+                self.generate(msg)
+            elif isinstance(msg, AbortRequest):
+                self.abort(msg.request_ids)
+            elif isinstance(msg, TokenizeRequest):
+                self.tokenize(msg)
+            elif isinstance(msg, DetokenizeRequest):
+                self.to_server.send(DetokenizeResponse(msg.request_id, self.prompts.decode(
+                    msg.token_ids, self._limits().vocab_size)))
+        except ValueError as exc:  # bad input, "<field>: <why>"
+            field, _, _ = str(exc).partition(":")
+            self.to_server.send(RequestRejected(request_id, str(exc), param=field or None))
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not stop the others
+            logger.exception("request %s failed in the tokenizer worker", request_id)
+            self.to_server.send(RequestRejected(request_id, f"internal error: {type(exc).__name__}", status=500))
+
+    def generate(self, msg: GenerateRequest) -> None:
+        limits = self._limits()
+        params = msg.sampling_params
+        if msg.messages is not None:
+            field, prompts = "messages", [self.prompts.chat_prompt_ids(msg.messages, msg.add_generation_prompt)]
+        else:
+            field, prompts = "prompt", [self.prompts.text_prompt_ids(p) for p in msg.prompts]
+        for ids in prompts:
+            check_prompt(field, ids, limits.vocab_size, params.max_tokens, limits.max_model_len)
+        req = WorkerRequest(msg.request_id, params, [len(ids) for ids in prompts])
+        engine_requests = []
+        for p, ids in enumerate(prompts):
+            for i, (_, child_params) in enumerate(fan_out(msg.request_id, params)):
+                index = p * params.n + i
+                child_id = child_request_id(msg.request_id, index)
+                detokenizer = IncrementalDetokenizer(
+                    self.prompts.tokenizer, ids, skip_special_tokens=params.skip_special_tokens,
+                    stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
+                req.add_choice(Choice(index, p, child_id, detokenizer))
+                engine_requests.append(EngineRequest(child_id, ids, child_params, msg.arrival_time))
+        self.requests[msg.request_id] = req
+        for choice in req.choices.values():
+            self.children[choice.child_id] = (req, choice)
+        self.to_server.send(PromptAccepted(msg.request_id, sum(req.prompt_lens)))
+        for er in engine_requests:
+            self.to_engine.send(er)
+
+    def abort(self, request_ids: list[str]) -> None:
+        child_ids = []
+        for request_id in request_ids:
+            req = self.requests.pop(request_id, None)
+            if req is None:
+                continue  # finished already, or never started: nothing to do
+            child_ids += req.unfinished_child_ids()
+            for child_id in req.choices:
+                self.children.pop(child_id, None)
+        if child_ids:
+            self.to_engine.send(AbortRequest(child_ids))
+
+    def tokenize(self, msg: TokenizeRequest) -> None:
+        if msg.messages is not None:
+            ids = self.prompts.chat_prompt_ids(msg.messages, msg.add_generation_prompt)
+        else:
+            ids = self.prompts.text_prompt_ids(msg.prompt or "", msg.add_special_tokens)
+        strs = self.prompts.token_strs(ids) if msg.return_token_strs else None
+        self.to_server.send(TokenizeResponse(msg.request_id, ids, strs))
+
+    def _limits(self) -> EngineReady:
+        if self.engine is None:
+            raise RuntimeError("the engine is not ready")  # the server admits nothing before it is
+        return self.engine
+
+    # ---- from the engine ----------------------------------------------------------------
+
+    def on_engine_message(self, msg) -> None:
+        if isinstance(msg, EngineOutputs):
+            self.on_engine_outputs(msg)
+        elif isinstance(msg, EngineReady):
+            self.engine = msg
+            self.to_server.send(msg)
+        elif isinstance(msg, ProcessError):
+            self.to_server.send(msg)
+
+    def on_engine_outputs(self, msg: EngineOutputs) -> None:
+        deltas: list[TextDelta] = []
+        stop_hits: list[str] = []
+        for d in msg.deltas:
+            entry = self.children.get(d.request_id)
+            if entry is None:
+                continue  # aborted or finished here already; the engine's late output is dropped
+            req, choice = entry
+            result = req.on_token_delta(choice, d, self.token_text)
+            if result.abort_in_engine:
+                stop_hits.append(choice.child_id)
+            if choice.finished:
+                del self.children[choice.child_id]
+            if req.num_unfinished == 0:
+                self.requests.pop(req.request_id, None)
+            if result.delta is not None:
+                deltas.append(result.delta)
+        if stop_hits:  # first, so the engine frees those sequences before its next step
+            self.to_engine.send(AbortRequest(stop_hits))
+        if deltas or msg.stats is not None:
+            self.to_server.send(TextOutputs(deltas, msg.stats))
+
+
+def _drain(sock: zmq.Socket):
+    while True:
+        try:
+            yield sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
