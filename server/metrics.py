@@ -7,7 +7,7 @@ get prometheus_client's `_total` suffix, as vLLM's do.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from engine.messages import EngineStats
 
@@ -19,6 +19,8 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+disable_created_metrics()  # no `_created` series, as in vLLM (process-wide; this is the server process)
 
 
 class ServerMetrics:
