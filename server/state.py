@@ -22,7 +22,8 @@ from server.sampling import load_generation_defaults
 
 logger = logging.getLogger(__name__)
 
-FAILURE_EXIT_DELAY_S = 0.5  # lets the error chunks of open streams reach their clients first
+# Between a child's death and the exit: open streams get their error chunk, probes see the 503.
+FAILURE_EXIT_DELAY_S = 1.0
 
 
 class ServingState:

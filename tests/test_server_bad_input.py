@@ -1,0 +1,159 @@
+"""Every bad input gets a 4xx with an OpenAI error body, never a 5xx, and never reaches the engine:
+after all of them the server is healthy and the engine never saw a request."""
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from server_process import start_server
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+OK_MESSAGES = [{"role": "user", "content": "Hi"}]
+MARKER = "zq-do-not-echo-zq"  # put in bad values: must not come back in the error
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = start_server()
+    yield s
+    s.stop()
+
+
+def chat(**fields) -> dict:
+    return {"messages": OK_MESSAGES, "max_tokens": 4, **fields}
+
+
+# (path, raw body or dict, the param the error must name (None: no check))
+BAD_REQUESTS = [
+    ("malformed json", CHAT, '{"messages": [', None),
+    ("body is a list", CHAT, "[1, 2]", None),
+    ("body is a string", CHAT, '"hello"', None),
+    ("empty body", CHAT, "", None),
+    ("missing messages", CHAT, {"max_tokens": 4}, "messages"),
+    ("empty messages", CHAT, {"messages": []}, "messages"),
+    ("messages not a list", CHAT, {"messages": MARKER}, "messages"),
+    ("unknown role", CHAT, {"messages": [{"role": MARKER, "content": "Hi"}]}, "messages[0].role"),
+    ("tool role", CHAT, {"messages": [{"role": "tool", "content": "Hi", "tool_call_id": "x"}]}, None),
+    ("image content part", CHAT, {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": MARKER}}]}]}, None),
+    ("content missing", CHAT, {"messages": [{"role": "user"}]}, "messages[0].content"),
+    ("temperature negative", CHAT, chat(temperature=-1), "temperature"),
+    ("temperature too high", CHAT, chat(temperature=3), "temperature"),
+    ("temperature NaN", CHAT, '{"messages": [{"role": "user", "content": "Hi"}], "temperature": NaN}', "temperature"),
+    ("temperature 1e999", CHAT, '{"messages": [{"role": "user", "content": "Hi"}], "temperature": 1e999}',
+     "temperature"),
+    ("NaN with another error", CHAT, '{"messages": [], "temperature": NaN, "top_p": -Infinity}', None),
+    ("top_p zero", CHAT, chat(top_p=0), "top_p"),
+    ("top_p above one", CHAT, chat(top_p=1.5), "top_p"),
+    ("presence_penalty", CHAT, chat(presence_penalty=2.5), "presence_penalty"),
+    ("frequency_penalty", CHAT, chat(frequency_penalty=-2.5), "frequency_penalty"),
+    ("repetition_penalty", CHAT, chat(repetition_penalty=0), "repetition_penalty"),
+    ("min_p", CHAT, chat(min_p=1.5), "min_p"),
+    ("top_k", CHAT, chat(top_k=-5), "top_k"),
+    ("n zero", CHAT, chat(n=0), "n"),
+    ("n above the cap", CHAT, chat(n=1000), "n"),
+    ("n infinite", CHAT, '{"messages": [{"role": "user", "content": "Hi"}], "n": 1e999}', "n"),
+    ("max_tokens negative", CHAT, chat(max_tokens=-1), "max_tokens"),
+    ("max_tokens zero", CHAT, chat(max_tokens=0), "max_tokens"),
+    ("max_tokens not a number", CHAT, chat(max_tokens=MARKER), "max_tokens"),
+    ("max_tokens beyond 64 bits", CHAT, chat(max_tokens=10**30), "max_tokens"),
+    ("max_completion_tokens negative", CHAT, chat(max_completion_tokens=-3), "max_tokens"),
+    ("min_tokens above max_tokens", CHAT, chat(min_tokens=10), "min_tokens"),
+    ("seed too large", CHAT, chat(seed=2**70), "seed"),
+    ("empty stop string", CHAT, chat(stop=""), "stop"),
+    ("empty stop in list", CHAT, chat(stop=["ok", ""]), "stop"),
+    ("stop not a string", CHAT, chat(stop=5), "stop"),
+    ("stop_token_ids outside vocabulary", CHAT, chat(stop_token_ids=[10**6]), "stop_token_ids"),
+    ("logit_bias key not a token id", CHAT, chat(logit_bias={MARKER: 1}), "logit_bias"),
+    ("logit_bias token outside vocabulary", CHAT, chat(logit_bias={"999999": 1}), "logit_bias"),
+    ("logit_bias value out of range", CHAT, chat(logit_bias={"5": 1000}), "logit_bias"),
+    ("top_logprobs without logprobs", CHAT, chat(top_logprobs=2), "top_logprobs"),
+    ("top_logprobs above 20", CHAT, chat(logprobs=True, top_logprobs=21), "top_logprobs"),
+    ("stream_options without stream", CHAT, chat(stream_options={"include_usage": True}), "stream_options"),
+    ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+    ("tool_choice", CHAT, chat(tool_choice="auto"), "tool_choice"),
+    ("response_format json", CHAT, chat(response_format={"type": "json_object"}), "response_format"),
+    ("functions", CHAT, chat(functions=[{"name": "f"}]), "functions"),
+    ("unknown field", CHAT, chat(frobnicate=1), "frobnicate"),
+    ("unknown stream option", CHAT, chat(stream=True, stream_options={"include_usage": True, "x": 1}),
+     "stream_options.x"),
+    ("prompt plus max_tokens over max_model_len", CHAT, chat(max_tokens=2040), "messages"),
+    ("prompt alone over max_model_len", CHAT, {"messages": [{"role": "user", "content": "hello " * 3000}]},
+     "messages"),
+    ("completions: prompt missing", COMPLETIONS, {"max_tokens": 4}, "prompt"),
+    ("completions: empty prompt", COMPLETIONS, {"prompt": ""}, "prompt"),
+    ("completions: token outside vocabulary", COMPLETIONS, {"prompt": [1, 2, 10**9]}, "prompt"),
+    ("completions: token id beyond 64 bits", COMPLETIONS, {"prompt": [1, 2**80]}, "prompt"),
+    ("completions: logprobs above 20", COMPLETIONS, {"prompt": "Hi", "logprobs": 21}, "logprobs"),
+    ("completions: echo", COMPLETIONS, {"prompt": "Hi", "echo": True}, "echo"),
+    ("completions: suffix", COMPLETIONS, {"prompt": "Hi", "suffix": "x"}, "suffix"),
+    ("completions: too many choices", COMPLETIONS, {"prompt": ["a", "b", "c"], "n": 50}, "prompt"),
+    ("detokenize: token outside vocabulary", "/detokenize", {"tokens": [1, 10**7]}, "tokens"),
+    ("tokenize: neither prompt nor messages", "/tokenize", {}, "prompt"),
+]
+
+
+@pytest.mark.parametrize("path, body, param", [r[1:] for r in BAD_REQUESTS], ids=[r[0] for r in BAD_REQUESTS])
+def test_bad_request_is_400_with_openai_error_body(server, path, body, param):
+    content = body if isinstance(body, str) else json.dumps(body)
+    response = httpx.post(f"{server.url}{path}", content=content, headers={"content-type": "application/json"},
+                          timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["code"] == 400 and error["message"]
+    assert MARKER not in response.text
+    if param is not None:
+        assert error["param"] == param, error
+        assert param.split("[")[0].split(".")[0] in error["message"]
+
+
+def test_too_long_prompt_error_gives_both_numbers(server):
+    response = httpx.post(f"{server.url}{CHAT}", json=chat(max_tokens=2040), timeout=30)
+    message = response.json()["error"]["message"]
+    assert "2040" in message and "2048" in message, message
+
+
+def test_unknown_model_is_404(server):
+    response = httpx.post(f"{server.url}{CHAT}", json=chat(model="no-such-model"), timeout=30)
+    assert response.status_code == 404
+    assert response.json()["error"]["param"] == "model"
+    assert httpx.get(f"{server.url}/v1/models/no-such-model").status_code == 404
+
+
+def test_unknown_route_and_wrong_method(server):
+    assert httpx.get(f"{server.url}/v1/nothing-here").json()["error"]["code"] == 404
+    assert httpx.get(f"{server.url}{CHAT}").status_code == 405
+
+
+def test_huge_header_and_huge_body_are_refused(server):
+    # A header block that never ends: without a size limit the server would keep reading it.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (200 << 10))
+        try:
+            answer = sock.recv(65536)
+        except ConnectionResetError:  # refused while our bytes were still unread
+            answer = b""
+    assert answer == b"" or answer.startswith((b"HTTP/1.1 400", b"HTTP/1.1 431")), answer[:100]
+    # A 40 MiB body is refused from its Content-Length, before a byte of it is read: the
+    # answer comes although the body is never sent.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {40 << 20}\r\n\r\n".encode())
+        answer = b""
+        while b"}}" not in answer and (data := sock.recv(65536)):
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+    assert b'"code":413' in answer
+
+
+def test_server_still_healthy_and_engine_never_saw_a_bad_request(server):
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'vllm:prompt_tokens_total{model_name="SmolLM2-135M-Instruct"} 0.0' in metrics
+    ok = httpx.post(f"{server.url}{CHAT}", json=chat(temperature=0), timeout=120)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
