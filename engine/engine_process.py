@@ -77,15 +77,19 @@ class EngineLoop:
 
     def run(self) -> None:
         while True:
-            self._drain_inbox(block=not self.engine.has_unfinished())
-            deltas = self.engine.step() if self.engine.has_unfinished() else []
-            if self.queued:
-                self._note_scheduled(deltas)
-            self._publish(deltas)
+            self.run_once()
             now = time.monotonic()
             if now - self.last_parent_check > IDLE_POLL_MS / 1000:
                 self.last_parent_check = now
                 self.parent.check()
+
+    def run_once(self) -> None:
+        """Take what arrived (waiting for it only when idle), run one step, send its output."""
+        self._drain_inbox(block=not self.engine.has_unfinished())
+        deltas = self.engine.step() if self.engine.has_unfinished() else []
+        if self.queued:
+            self._note_scheduled(deltas)
+        self._publish(deltas)
 
     def _drain_inbox(self, block: bool) -> None:
         if block and not self.poller.poll(IDLE_POLL_MS):

@@ -180,7 +180,11 @@ class EngineClient:
             self.ready = msg
             self.on_ready(msg)
         elif isinstance(msg, ProcessError):
-            self.fail(f"the {msg.process} process failed: {msg.message}")
+            reason = f"the {msg.process} process failed: {msg.message}"
+            if self.failure is None:
+                self.fail(reason)
+            else:  # its exit was noticed first; the why still belongs in the log
+                logger.error("%s", reason)
 
     def _on_delta(self, delta: TextDelta, now: float) -> None:
         stream = self.streams.get(delta.request_id)

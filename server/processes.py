@@ -49,7 +49,7 @@ class ChildProcesses:
 
     def _exited(self, proc: BaseProcess, on_exit: Callable[[str, int | None], None]) -> None:
         self._loop.remove_reader(proc.sentinel)
-        proc.join(timeout=0)
+        proc.join(timeout=1.0)  # the sentinel closes a moment before the process can be reaped
         if not self.stopping:
             on_exit(proc.name, proc.exitcode)
 

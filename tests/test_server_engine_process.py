@@ -1,0 +1,59 @@
+"""The engine process loop on a tiny random-weight model, between real ZMQ sockets: bad requests
+become error deltas (the loop goes on), aborts free everything, gauges go out when they change."""
+from __future__ import annotations
+
+import msgspec
+import zmq
+
+from engine.config import EngineConfig
+from engine.engine_process import EngineLoop
+from engine.ipc import Channel, IpcPaths, open_socket
+from engine.llm_engine import LLMEngine
+from engine.messages import AbortRequest, EngineOutputs, EngineRequest, FromEngine, SamplingParams
+
+
+def test_engine_loop(tiny_llama_dir):
+    paths = IpcPaths.create()
+    ctx = zmq.Context()
+    try:
+        inbox = open_socket(ctx, zmq.PULL, paths.to_engine, bind=True)
+        outputs = open_socket(ctx, zmq.PULL, paths.from_engine, bind=True)
+        to_engine = Channel(open_socket(ctx, zmq.PUSH, paths.to_engine, bind=False))
+        engine = LLMEngine(EngineConfig(model=tiny_llama_dir, dtype="float32", device="cpu", max_model_len=64,
+                                        kv_cache_memory=1 << 20))
+        loop = EngineLoop(engine, inbox, Channel(open_socket(ctx, zmq.PUSH, paths.from_engine, bind=False)))
+        decoder = msgspec.msgpack.Decoder(FromEngine)
+
+        def run(steps: int) -> list[EngineOutputs]:
+            inbox.poll(1000)  # what the test just sent has arrived (ipc delivery is asynchronous)
+            for _ in range(steps):
+                loop.run_once()
+            got = []
+            while outputs.poll(100):
+                got.append(decoder.decode(outputs.recv()))
+            return got
+
+        greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        to_engine.send(EngineRequest("ok", [5, 6, 7], greedy))
+        to_engine.send(EngineRequest("bad", [5, 6, 7], SamplingParams(n=2)))  # the engine runs n=1 only
+        to_engine.send(EngineRequest("long", [5] * 10, SamplingParams(max_tokens=60)))  # > max_model_len
+        to_engine.send(AbortRequest(["never-seen"]))
+        first = run(1)
+        deltas = {d.request_id: d for out in first for d in out.deltas}
+        assert deltas["bad"].finish_reason == "error" and deltas["bad"].error.startswith("n:")
+        assert deltas["long"].finish_reason == "error" and "max_model_len" in deltas["long"].error
+        assert deltas["ok"].new_token_ids and first[-1].stats.num_running == 1
+        assert first[-1].stats.kv_cache_usage > 0 and len(first[-1].stats.queue_times) == 1
+
+        to_engine.send(EngineRequest("slow", [9, 8, 7], SamplingParams(temperature=0, max_tokens=50)))
+        rest = run(3)
+        ok = [d for out in rest for d in out.deltas if d.request_id == "ok"]
+        assert ok[-1].finish_reason == "length"
+        to_engine.send(AbortRequest(["slow"]))
+        after_abort = run(1)
+        stats = after_abort[-1].stats  # the abort changed the gauges, so they are sent
+        assert (stats.num_running, stats.num_waiting, stats.kv_cache_usage) == (0, 0, 0.0)
+        assert not engine.has_unfinished()
+    finally:
+        ctx.destroy(linger=0)
+        paths.remove()
