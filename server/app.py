@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine.messages import ChatMessage, DetokenizeRequest, TokenizeRequest
 from server import chat, completions
-from server.errors import check_token_ids, bad_request, error_response, install_error_handlers, unavailable
+from server.errors import bad_request, check_token_ids, error_response, install_error_handlers, unavailable
 from server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
 from server.protocol import DetokenizeBody, TokenizeBody
 from server.state import ServingState

@@ -87,6 +87,9 @@ class EngineClient:
     # ---- requests -------------------------------------------------------------------------
 
     def check_capacity(self, num_choices: int) -> None:
+        if num_choices > self.max_in_flight_seqs:  # could never be admitted: not worth a retry
+            raise ApiError(400, f"n: {num_choices} choices are more than this server holds at once "
+                                f"({self.max_in_flight_seqs})", "n")
         if self.num_in_flight_seqs + num_choices > self.max_in_flight_seqs:
             raise unavailable(f"too many requests waiting ({self.num_in_flight_seqs} sequences in flight); "
                               "retry later")

@@ -108,7 +108,7 @@ class ChatCompletionRequest(SamplingFields):
                         "reasoning_effort", "store", "metadata", "service_tier")
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = None
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
 

@@ -82,6 +82,9 @@ def test_queue_limit_gives_503_with_retry_after(server):
     asyncio.run(run())
     ok = httpx.post(url, json={**LONG, "max_tokens": 2}, headers=AUTH, timeout=120)
     assert ok.status_code == 200
+    # More choices than the server ever holds at once: not a reason to retry, a 400.
+    too_many = httpx.post(url, json={**LONG, "max_tokens": 2, "n": 4}, headers=AUTH, timeout=120)
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
 
 
 def test_sigterm_drains_running_requests_and_refuses_new_ones(server):

@@ -20,7 +20,7 @@ from engine.messages import (AbortRequest, DetokenizeRequest, DetokenizeResponse
                              ToTokenizerWorker)
 from engine.parallel_sampling import child_request_id, fan_out
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
-from tokenizer_worker.prompts import PromptTokenizer, check_prompt, check_token_ids
+from tokenizer_worker.prompts import PromptTokenizer, check_prompt
 from tokenizer_worker.request_state import Choice, WorkerRequest
 from tokenizer_worker.token_text import TokenText
 
