@@ -167,3 +167,42 @@ def test_tokenize_detokenize_round_trip(server):
     assert back["prompt"] == "Hello, 世界!"
     chat = httpx.post(f"{server.url}/tokenize", json={"messages": CHAT_MESSAGES}).json()
     assert chat["count"] > out["count"]
+
+
+def test_vllm_extensions_and_logit_bias(server, client):
+    def create(**kw):
+        return client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT_MESSAGES, user="tester",
+                                              **kw)
+    greedy = create(temperature=0, max_tokens=6).choices[0].message.content
+    # top_k=1 and min_p=1 keep only the most likely token: sampling at temperature 1 is greedy.
+    assert create(temperature=1.0, max_tokens=6, extra_body={"top_k": 1}).choices[0].message.content == greedy
+    assert create(temperature=1.0, max_tokens=6, extra_body={"min_p": 1.0}).choices[0].message.content == greedy
+    # Past EOS with ignore_eos; skip_special_tokens=False shows the EOS token in the text.
+    out = create(temperature=0, max_tokens=12, extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert out.usage.completion_tokens == 12 and "<|im_end|>" in out.choices[0].message.content
+    paris = httpx.post(f"{server.url}/tokenize", json={"prompt": " Paris", "add_special_tokens": False}).json()
+    (paris_id,) = paris["tokens"]
+    stopped = create(temperature=0, max_tokens=12, extra_body={"stop_token_ids": [paris_id]}).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.model_extra["stop_reason"] == paris_id
+    assert stopped.message.content == "The capital of France is"
+    at_least = create(temperature=0, max_tokens=12, extra_body={"min_tokens": 12, "repetition_penalty": 1.2})
+    assert at_least.usage.completion_tokens == 12
+    forced = create(temperature=0, max_tokens=3, logit_bias={str(paris_id): 100})
+    assert forced.choices[0].message.content == " Paris" * 3
+
+
+def test_metrics_use_vllm_names(server, client):
+    client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT_MESSAGES, max_tokens=2)
+    text = httpx.get(f"{server.url}/metrics").text
+    samples = {line.split("{")[0]: line for line in text.splitlines() if line.startswith("vllm:")}
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count",
+                 "vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_count",
+                 "vllm:request_queue_time_seconds_count", "vllm:num_preemptions_total", "vllm:request_success_total"):
+        assert name in samples, name
+        assert 'model_name="SmolLM2-135M-Instruct"' in samples[name]
+    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count", "vllm:request_queue_time_seconds_count"):
+        assert float(samples[name].split()[-1]) > 0, name
+    assert 'vllm:request_success_total{finished_reason="length"' in text

@@ -45,7 +45,10 @@ class WorkerRequest:
         assert not choice.finished, f"delta for finished choice {choice.child_id}"
         choice.num_output_tokens += len(d.new_token_ids)
         choice.num_cached_tokens = d.num_cached_tokens
-        out = choice.detokenizer.add_tokens(d.new_token_ids)
+        text_ids = d.new_token_ids
+        if d.stop_reason is not None and not self.params.include_stop_str_in_output:
+            text_ids = text_ids[:-1]  # a stop token id ends the text without being part of it (vLLM)
+        out = choice.detokenizer.add_tokens(text_ids)
         text, finish, stop_reason, abort = out.text, None, None, False
         if out.stop_hit is not None:
             finish, stop_reason = "stop", out.stop_hit
