@@ -88,27 +88,31 @@ def test_queue_limit_gives_503_with_retry_after(server):
 
 
 def test_sigterm_drains_running_requests_and_refuses_new_ones(server):
-    """Runs last in this module: the server is gone afterwards."""
+    """Runs last in this module: the server is gone afterwards. A long stream keeps the drain
+    open while a short one, running at SIGTERM, has to finish normally."""
     url = f"{server.url}/v1/chat/completions"
 
     async def run():
         async with httpx.AsyncClient(timeout=120, headers=AUTH) as http:
-            async with http.stream("POST", url, json={**LONG, "max_tokens": 16, "stream": True}) as response:
-                lines_iter = response.aiter_lines()
-                lines = await first_content(lines_iter)
+            async with http.stream("POST", url, json={**LONG, "stream": True}) as long_response, \
+                    http.stream("POST", url, json={**LONG, "max_tokens": 12, "stream": True}) as short_response:
+                long_lines = long_response.aiter_lines()
+                await first_content(long_lines)
+                short_lines = short_response.aiter_lines()
+                lines = await first_content(short_lines)
                 server.proc.send_signal(signal.SIGTERM)
-                await asyncio.sleep(0.3)
+                async for line in short_lines:
+                    lines.append(line)
                 health = await http.get(f"{server.url}/health")
                 refused = await http.post(url, json={**LONG, "max_tokens": 2})
-                async for line in lines_iter:
-                    lines.append(line)
+            # Leaving the block disconnects the long stream: nothing runs, the drain ends.
         return health, refused, "\n".join(lines) + "\n"
 
     health, refused, body = asyncio.run(run())
+    chunks = parse_sse(body.encode())  # the short stream finished normally, [DONE] included
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert health.status_code == 503
     assert refused.status_code == 503 and "retry-after" in refused.headers
-    chunks = parse_sse(body.encode())  # the running stream finished normally, [DONE] included
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert server.wait_exit(timeout=30) == 0
 
 

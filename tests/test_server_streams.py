@@ -32,11 +32,13 @@ def aborted_count(server) -> float:
                 if s.name == "vllm:request_success_total" and s.labels["finished_reason"] == "abort")
 
 
-def wait_until_idle(server, timeout: float = 10.0) -> dict[str, float]:
+def wait_until_idle(server, aborted: float, timeout: float = 10.0) -> dict[str, float]:
+    """Gauges once the engine is idle and `aborted` aborts were counted (or at the timeout)."""
     deadline = time.monotonic() + timeout
     while True:
         gauges = engine_gauges(server)
-        if all(v == 0 for v in gauges.values()) or time.monotonic() > deadline:
+        done = all(v == 0 for v in gauges.values()) and aborted_count(server) >= aborted
+        if done or time.monotonic() > deadline:
             return gauges
         time.sleep(0.1)
 
@@ -105,7 +107,7 @@ def test_8_clients_disconnecting_mid_stream_free_the_engine(server):
     aborted_before = aborted_count(server)
     asyncio.run(run())
     # 1000 tokens each would take minutes on this machine; aborted, they are gone at once.
-    gauges = wait_until_idle(server, timeout=10)
+    gauges = wait_until_idle(server, aborted_before + 8)
     assert gauges == {"vllm:num_requests_running": 0, "vllm:num_requests_waiting": 0, "vllm:kv_cache_usage_perc": 0}
     assert aborted_count(server) == aborted_before + 8
 
@@ -116,6 +118,6 @@ def test_non_streaming_client_that_leaves_is_aborted(server):
     aborted_before = aborted_count(server)
     with pytest.raises(httpx.ReadTimeout):  # the client gives up after 2 s and closes the connection
         httpx.post(url, json=body, timeout=httpx.Timeout(120, read=2.0))
-    gauges = wait_until_idle(server, timeout=10)
+    gauges = wait_until_idle(server, aborted_before + 1)
     assert gauges["vllm:num_requests_running"] == 0 and gauges["vllm:kv_cache_usage_perc"] == 0
     assert aborted_count(server) == aborted_before + 1
