@@ -26,3 +26,11 @@ test: install
 # Our engine vs transformers on the default model, side by side in one run.
 bench-engine: install
 	$(PY) -m engine.bench
+
+# Build the Dockerfile and serve from the image with podman + debootstrap (root; slow, not in `test`).
+docker-test: install
+	PYTHON=$(abspath $(PY)) bash deploy/docker-test.sh
+
+# Our server vs `transformers serve --continuous-batching`: one interleaved loadtest sweep.
+bench: install
+	$(PY) -m loadtest.bench_servers
