@@ -41,7 +41,8 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ..
         default = f.default
         if env is not None:
             default = _parse_bool(env) if typ is bool else typ(env)
-        help_text = f"{f.metadata.get('help', '')} (env {env_name(f.name)}; default {default})"
+        shown = "(set)" if f.metadata.get("secret") and default is not None else default
+        help_text = f"{f.metadata.get('help', '')} (env {env_name(f.name)}; default {shown})"
         if typ is bool:
             parser.add_argument(flag, dest=f.name, default=default, help=help_text,
                                 action=argparse.BooleanOptionalAction)

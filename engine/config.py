@@ -23,7 +23,7 @@ class EngineConfig:
     max_num_seqs: int = _opt(64, "most sequences in one engine step")
     max_num_batched_tokens: int = _opt(512, "token budget of one engine step (prefill chunks + decodes)")
     block_size: int = _opt(16, "tokens per KV cache block")
-    kv_cache_memory: int | None = _opt(None, "bytes for the KV cache; default: a fraction of free memory")
+    kv_cache_memory: int | None = _opt(None, "bytes for the KV cache; default: a fraction of free memory (on CPU at most 4 GiB)")
     gpu_memory_utilization: float = _opt(0.9, "fraction of device memory the engine may use (CUDA)")
     cpu_kv_cache_fraction: float = _opt(0.25, "fraction of available host memory for the KV cache (CPU)")
     enable_prefix_caching: bool = _opt(True, "reuse the KV blocks of a shared prompt prefix")

@@ -22,9 +22,6 @@ logger = logging.getLogger(__name__)
 
 PROCESS_NAME = "engine"
 IDLE_POLL_MS = 1000  # how often an idle engine checks that its parent is still there
-# Default KV cache on CPU when --kv-cache-memory is not given, as vLLM's CPU backend does: a
-# fraction of all free memory is far more than a CPU can use, and costs seconds to zero.
-CPU_KV_CACHE_DEFAULT_BYTES = 4 << 30
 
 
 def run_engine_process(config: EngineConfig, paths: IpcPaths, log_level: str = "info") -> None:
@@ -36,7 +33,7 @@ def run_engine_process(config: EngineConfig, paths: IpcPaths, log_level: str = "
         inbox = open_socket(ctx, zmq.PULL, paths.to_engine, bind=True)
         from engine.llm_engine import LLMEngine  # torch is imported here, in this process only
 
-        engine = LLMEngine(_with_cpu_kv_default(config))
+        engine = LLMEngine(config)
         outbox.send(EngineReady(num_kv_tokens=engine.num_kv_tokens, max_model_len=engine.max_model_len,
                                 device=str(engine.device), dtype=str(engine.dtype).removeprefix("torch."),
                                 vocab_size=engine.vocab_size, model_dir=str(engine.model_dir)))
@@ -44,19 +41,6 @@ def run_engine_process(config: EngineConfig, paths: IpcPaths, log_level: str = "
     except BaseException as exc:  # noqa: BLE001 - any crash is reported, then the process exits loudly
         report_crash(outbox, PROCESS_NAME, exc)
         raise SystemExit(1) from None
-
-
-def _with_cpu_kv_default(config: EngineConfig) -> EngineConfig:
-    if config.kv_cache_memory is not None:
-        return config
-    from engine.device import resolve_device
-    from engine.kv_cache import available_memory
-
-    device = resolve_device(config.device)
-    if device.type != "cpu":
-        return config
-    budget = min(int(available_memory(device) * config.cpu_kv_cache_fraction), CPU_KV_CACHE_DEFAULT_BYTES)
-    return config.replace(kv_cache_memory=budget)
 
 
 class EngineLoop:

@@ -5,6 +5,7 @@ import logging
 
 import torch
 
+from engine.host_limits import available_host_memory
 from engine.models.llama import ModelArch
 
 logger = logging.getLogger(__name__)
@@ -20,9 +21,7 @@ def available_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return free
-    with open("/proc/meminfo") as f:
-        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-    return info.get("MemAvailable", info["MemFree"])
+    return available_host_memory()
 
 
 def allocate_kv_caches(arch: ModelArch, num_blocks: int, block_size: int, dtype: torch.dtype,

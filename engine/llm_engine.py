@@ -17,6 +17,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.default_model import resolve_model_path
 from engine.device import resolve_device, resolve_dtype
+from engine.host_limits import limit_torch_threads
 from engine.kv_cache import allocate_kv_caches, available_memory, bytes_per_block
 from engine.messages import EngineStats, SamplingParams, TokenDelta
 from engine.model_runner import ModelRunner
@@ -28,12 +29,16 @@ from engine.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
+CPU_KV_CACHE_MAX_BYTES = 4 << 30
+
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.model_dir = resolve_model_path(config.model)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu":
+            limit_torch_threads()
         hf_config = read_hf_config(self.model_dir)
         self.model = load_model(self.model_dir, self.dtype, self.device)
         if can_pack(self.dtype, self.device):
@@ -66,8 +71,9 @@ class LLMEngine:
             budget = config.kv_cache_memory
         elif self.device.type == "cuda":
             budget = int(available_memory(self.device) * config.gpu_memory_utilization)
-        else:
-            budget = int(available_memory(self.device) * config.cpu_kv_cache_fraction)
+        else:  # a fraction of free memory, at most 4 GiB like vLLM's CPU backend: more is
+            # seldom usable by a CPU and costs seconds to zero at start-up
+            budget = min(int(available_memory(self.device) * config.cpu_kv_cache_fraction), CPU_KV_CACHE_MAX_BYTES)
         # More blocks than every sequence at full length could use is memory for nothing.
         useful = config.max_num_seqs * -(-self.max_model_len // config.block_size)
         return max(1, min(budget // per_block, useful))

@@ -50,12 +50,16 @@ def create_app(state: ServingState) -> FastAPI:
                 "root": state.model_dir, "parent": None,
                 "max_model_len": ready.max_model_len if ready is not None else None}
 
+    # 503 until the engine is ready (and while draining), so a readiness probe or a router that
+    # polls /v1/models sends no traffic to a replica that cannot serve it yet.
     @app.get("/v1/models")
     async def list_models():
+        state.check_accepting()
         return {"object": "list", "data": [model_card()]}
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str):
+        state.check_accepting()
         state.check_model(model)
         return model_card()
 

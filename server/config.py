@@ -13,8 +13,8 @@ from engine.cli_args import add_dataclass_args, dataclass_from_args, env_name
 from engine.config import EngineConfig
 
 
-def _opt(default, help: str):
-    return field(default=default, metadata={"help": help})
+def _opt(default, help: str, **extra):
+    return field(default=default, metadata={"help": help, **extra})
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,8 @@ class ServerConfig:
     served_model_name: str | None = _opt(
         None, "model id that clients send and /v1/models lists; default: MODEL as given, or "
               "SmolLM2-135M-Instruct for the embedded model")
-    api_key: str | None = _opt(None, "require 'Authorization: Bearer <key>' on /v1/*, /tokenize, /detokenize")
+    api_key: str | None = _opt(None, "require 'Authorization: Bearer <key>' on /v1/*, /tokenize, /detokenize",
+                               secret=True)
     max_queued_requests: int = _opt(
         1024, "sequences that may wait beyond --max-num-seqs; more get 503 with Retry-After")
     drain_timeout: float = _opt(600.0, "seconds SIGTERM waits for running requests to finish")
