@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from engine.messages import ChatMessage, DetokenizeRequest, TokenizeRequest
+from engine.messages import DetokenizeRequest, TokenizeRequest
 from server import chat, completions
 from server.errors import bad_request, check_token_ids, error_response, install_error_handlers, unavailable
 from server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
@@ -71,8 +71,7 @@ def create_app(state: ServingState) -> FastAPI:
             raise bad_request("give either prompt or messages", "prompt")
         messages = None
         if body.messages is not None:
-            messages = [ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text(),
-                                    name=m.name) for m in body.messages]
+            messages = chat.to_chat_messages(body.messages)
         # vLLM's defaults: special tokens for a plain prompt, none beyond the template for chat.
         add_special = body.add_special_tokens if body.add_special_tokens is not None else messages is None
         answer = await state.client.call(lambda rid: TokenizeRequest(

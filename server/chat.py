@@ -22,9 +22,7 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request):
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options: only allowed when stream is true", "stream_options")
     params = chat_sampling_params(body, state.generation_defaults, ready.vocab_size, ready.max_model_len)
-    # "developer" is OpenAI's newer name for the system role; chat templates know "system".
-    messages = [ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text(), name=m.name)
-                for m in body.messages]
+    messages = to_chat_messages(body.messages)
     ids = ResponseIds.new("chatcmpl", state.served_model_name)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     request = GenerateRequest(request_id=ids.id, sampling_params=params, messages=messages,
@@ -79,3 +77,10 @@ class ChatRenderer:
                              "logprobs": chat_logprobs(c.logprobs) if self.want_logprobs else None,
                              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in choices],
                 "usage": usage_dict(usage)}
+
+
+def to_chat_messages(messages) -> list[ChatMessage]:
+    """Request messages as the worker's ChatMessage structs (text content joined)."""
+    # "developer" is OpenAI's newer name for the system role; chat templates know "system".
+    return [ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text(), name=m.name)
+            for m in messages]
