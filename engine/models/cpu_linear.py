@@ -1,8 +1,9 @@
-"""CPU fast path for bfloat16 linears: weights pre-packed once into oneDNN's blocked layout.
+"""CPU fast path for linears: weights pre-packed once into oneDNN's blocked layout.
 
-On a CPU with AVX512-BF16/AMX, oneDNN's packed bf16 GEMM reads the weights about twice as fast
-as torch's default path for the small-M matmuls of decode (1 to 64 rows). The packed weight is a
-copy, made once at load time; everything else (CUDA, float32) keeps plain nn.Linear.
+oneDNN's packed GEMM reads the weights 1.5-2x faster than torch's default path for the small-M
+matmuls of decode (1 to 64 rows), in float32 and, on CPUs with AVX512-BF16/AMX, in bfloat16
+(measured here: 120 layer-shaped matrices, M=1: 49 -> 33 ms fp32; M=32: 102 -> 53 ms fp32).
+The packed weight is a copy, made once at load time; CUDA keeps plain nn.Linear.
 """
 from __future__ import annotations
 
@@ -22,8 +23,11 @@ class PackedLinear(nn.Module):
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
-    return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return dtype == torch.float32
 
 
 def pack_linears(module: nn.Module, batch_hint: int) -> int:
