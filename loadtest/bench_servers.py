@@ -46,12 +46,13 @@ def main(argv: list[str] | None = None) -> int:
         for server in (ours, hf):
             server.wait_ready(START_TIMEOUT_S)
         # Each target is sent its own model id (from its /models). The tokenizer folder sizes
-        # the random prompts in real tokens of this model.
+        # the random prompts in real tokens of this model. No --ignore-eos: transformers serve
+        # answers 422 to that field, so outputs may end early; their lengths come from usage.
         return loadtest_main([
             "--target", f"ours={ours.base_url}", "--target", f"transformers={hf.base_url}",
             "--concurrency", args.concurrency, "--num-prompts", str(args.num_prompts),
             "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-            "--tokenizer", str(model_dir), "--ignore-eos", "--rounds", str(args.rounds),
+            "--tokenizer", str(model_dir), "--rounds", str(args.rounds),
             "--warmup", "2", "--output-dir", str(out),
         ])
     finally:
