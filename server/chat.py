@@ -6,8 +6,7 @@ import time
 from fastapi import APIRouter, Request
 
 from engine.messages import ChatMessage, GenerateRequest, TextDelta, TextLogprob, Usage
-from server.errors import bad_request
-from server.generation import ChoiceResult, ResponseIds, serve_generation, usage_dict
+from server.generation import ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
 from server.protocol import ChatCompletionRequest
 from server.sampling import chat_sampling_params
 
@@ -17,10 +16,7 @@ router = APIRouter()
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, raw: Request):
     state = raw.app.state.serving
-    ready = state.check_accepting()
-    state.check_model(body.model)
-    if body.stream_options is not None and not body.stream:
-        raise bad_request("stream_options: only allowed when stream is true", "stream_options")
+    ready = admit(state, body)
     params = chat_sampling_params(body, state.generation_defaults, ready.vocab_size, ready.max_model_len)
     messages = to_chat_messages(body.messages)
     ids = ResponseIds.new("chatcmpl", state.served_model_name)

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 
 from engine.messages import GenerateRequest, TextDelta, TextLogprob, Usage
 from server.errors import bad_request, check_token_ids
-from server.generation import ChoiceResult, ResponseIds, serve_generation, usage_dict
+from server.generation import ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
 from server.protocol import CompletionRequest
 from server.sampling import MAX_N, completion_sampling_params
 
@@ -17,10 +17,7 @@ router = APIRouter()
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, raw: Request):
     state = raw.app.state.serving
-    ready = state.check_accepting()
-    state.check_model(body.model)
-    if body.stream_options is not None and not body.stream:
-        raise bad_request("stream_options: only allowed when stream is true", "stream_options")
+    ready = admit(state, body)
     params = completion_sampling_params(body, state.generation_defaults, ready.vocab_size, ready.max_model_len)
     prompts = _prompt_list(body.prompt)
     if len(prompts) * params.n > MAX_N:

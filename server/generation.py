@@ -20,9 +20,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from engine.messages import GenerateRequest, TextDelta, TextLogprob, Usage
+from engine.messages import EngineReady, GenerateRequest, TextDelta, TextLogprob, Usage
 from server.engine_client import EngineClient, RequestStream
-from server.errors import ApiError, error_body
+from server.errors import ApiError, bad_request, error_body
 from server.state import ServingState
 
 DISCONNECT_POLL_S = 0.1
@@ -65,6 +65,16 @@ def usage_dict(usage: Usage) -> dict:
     return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.prompt_tokens + usage.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+def admit(state: ServingState, body) -> EngineReady:
+    """The checks every generation endpoint makes first: the engine is ready, the model is
+    ours, and stream_options only comes with stream."""
+    ready = state.check_accepting()
+    state.check_model(body.model)
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options: only allowed when stream is true", "stream_options")
+    return ready
 
 
 async def serve_generation(state: ServingState, raw: Request, request: GenerateRequest, num_choices: int,

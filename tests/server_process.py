@@ -10,7 +10,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,16 +18,12 @@ from pathlib import Path
 
 import httpx
 
+from loadtest.servers import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 240  # model load on a busy 2-core machine; the first run also converts the model
 BASE_ARGS = ["--max-model-len", "2048", "--kv-cache-memory", str(128 << 20), "--dtype", "float32",
              "--device", "cpu", "--max-num-seqs", "32"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:
