@@ -25,6 +25,8 @@ class BlockManager:
         self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         # request id -> hashes of its full blocks, in order (extended as blocks fill)
         self.request_hashes: dict[str, list[int]] = {}
+        # request id -> how many of its leading blocks cache_full_blocks has already handled
+        self.num_registered: dict[str, int] = {}
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens found
 
@@ -84,39 +86,48 @@ class BlockManager:
                 self.free_blocks[b] = None
         req.block_ids = []
         self.request_hashes.pop(req.request_id, None)
+        self.num_registered.pop(req.request_id, None)
 
     def cache_full_blocks(self, req: Request) -> None:
-        """Register the hashes of `req`'s blocks that are now full of computed tokens."""
+        """Register the hashes of `req`'s blocks that became full of computed tokens since the
+        last call (called every step, so only the new blocks are looked at)."""
         if not self.enable_prefix_caching:
             return
-        hashes = self._hashes(req, req.num_computed_tokens // self.block_size)
-        for i, h in enumerate(hashes):
-            b = req.block_ids[i]
+        done = self.num_registered.get(req.request_id, 0)
+        num_full = req.num_computed_tokens // self.block_size
+        if num_full <= done:
+            return
+        hashes = self._hashes(req, num_full)
+        for i in range(done, num_full):
+            b, h = req.block_ids[i], hashes[i]
             if self.block_hash[b] is None and h not in self.hash_to_block:
                 self.block_hash[b] = h
                 self.hash_to_block[h] = b
+        self.num_registered[req.request_id] = num_full
 
     def reset_prefix_cache(self) -> None:
-        for h, b in list(self.hash_to_block.items()):
+        for b in list(self.hash_to_block.values()):
             self._forget_hash(b)
+        self.num_registered.clear()  # running requests register their full blocks again
 
     # ---- internals --------------------------------------------------------------------
 
     def _hashes(self, req: Request, num_full_blocks: int) -> list[int]:
+        """The request's block-hash chain, extended to at least `num_full_blocks` entries."""
         hashes = self.request_hashes.setdefault(req.request_id, [])
         tokens, bs = req.all_token_ids, self.block_size
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
             hashes.append(hash((parent, tuple(tokens[i * bs:(i + 1) * bs]))))
-        return hashes[:num_full_blocks]
+        return hashes
 
     def _find_cached_prefix(self, req: Request) -> list[int]:
         # At least one token must be computed to get logits, so a fully cached sequence
         # recomputes its last block.
         max_blocks = (req.num_tokens - 1) // self.block_size
         found = []
-        for h in self._hashes(req, max_blocks):
+        for h in self._hashes(req, max_blocks)[:max_blocks]:
             b = self.hash_to_block.get(h)
             if b is None:
                 break

@@ -59,18 +59,25 @@ class LLM:
             raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
         outputs: list[RequestOutput] = []
         children: dict[str, tuple[RequestOutput, CompletionOutput]] = {}
-        for prompt, p in zip(prompts, params_list):
-            text = prompt if isinstance(prompt, str) else None
-            ids = self.tokenizer.encode(prompt, add_special_tokens=False) if text is not None else list(prompt)
-            request_id = str(self._next_id)
-            self._next_id += 1
-            out = RequestOutput(request_id, text, ids)
-            for i, (child_id, child_params) in enumerate(fan_out(request_id, p)):
-                self.engine.add_request(child_id, ids, child_params)
-                completion = CompletionOutput(i, "", [], None, logprobs=[] if p.logprobs is not None else None)
-                out.outputs.append(completion)
-                children[child_id] = (out, completion)
-            outputs.append(out)
+        to_decode: list[tuple[CompletionOutput, bool]] = []  # with its request's skip_special_tokens
+        try:
+            for prompt, p in zip(prompts, params_list):
+                text = prompt if isinstance(prompt, str) else None
+                ids = self.tokenizer.encode(prompt, add_special_tokens=False) if text is not None else list(prompt)
+                request_id = str(self._next_id)
+                self._next_id += 1
+                out = RequestOutput(request_id, text, ids)
+                for i, (child_id, child_params) in enumerate(fan_out(request_id, p)):
+                    self.engine.add_request(child_id, ids, child_params)
+                    completion = CompletionOutput(i, "", [], None, logprobs=[] if p.logprobs is not None else None)
+                    out.outputs.append(completion)
+                    children[child_id] = (out, completion)
+                    to_decode.append((completion, p.skip_special_tokens))
+                outputs.append(out)
+        except ValueError:
+            for child_id in children:  # a bad prompt or parameter: run none of this batch
+                self.engine.abort(child_id)
+            raise
         bar = tqdm(total=len(children), desc="generate", disable=not use_tqdm)
         while self.engine.has_unfinished():
             for delta in self.engine.step():
@@ -83,7 +90,6 @@ class LLM:
                     completion.finish_reason, completion.stop_reason = delta.finish_reason, delta.stop_reason
                     bar.update(1)
         bar.close()
-        for out in outputs:
-            for completion in out.outputs:
-                completion.text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        for completion, skip_special_tokens in to_decode:
+            completion.text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=skip_special_tokens)
         return outputs

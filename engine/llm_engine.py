@@ -46,10 +46,10 @@ class LLMEngine:
         arch = self.model.arch
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = _eos_token_ids(self.model_dir, hf_config)
-        self.max_model_len = min(config.max_model_len or arch.max_position_embeddings, arch.max_position_embeddings)
         if config.max_model_len and config.max_model_len > arch.max_position_embeddings:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's limit "
                              f"{arch.max_position_embeddings}")
+        self.max_model_len = config.max_model_len or arch.max_position_embeddings
         num_blocks = self._num_kv_blocks(config)
         self.num_kv_tokens = num_blocks * config.block_size
         if self.num_kv_tokens < self.max_model_len:
