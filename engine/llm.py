@@ -5,10 +5,10 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from engine.config import EngineConfig
+from common.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.messages import SamplingParams, TokenLogprob
-from engine.parallel_sampling import fan_out
+from common.messages import SamplingParams, TokenLogprob
+from common.parallel_sampling import fan_out
 
 
 @dataclass

@@ -14,17 +14,17 @@ from pathlib import Path
 import torch
 
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig
-from engine.default_model import resolve_model_path
+from common.engine_config import EngineConfig
+from common.default_model import resolve_model_path
 from engine.device import resolve_device, resolve_dtype
 from engine.host_limits import limit_torch_threads
 from engine.kv_cache import allocate_kv_caches, available_memory, bytes_per_block
-from engine.messages import EngineStats, SamplingParams, TokenDelta
+from common.messages import EngineStats, SamplingParams, TokenDelta
 from engine.model_runner import ModelRunner
 from engine.models.cpu_linear import can_pack, pack_linears
 from engine.models.loader import load_model, read_hf_config
 from engine.request import Request
-from engine.sampling_validation import validate_prompt, validate_sampling_params
+from common.validation import validate_prompt, validate_sampling_params
 from engine.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already running")
         validate_sampling_params(sampling_params, self.vocab_size)
         if sampling_params.n != 1:
-            raise ValueError("n: the engine runs one sequence per request; fan out with engine.parallel_sampling")
+            raise ValueError("n: the engine runs one sequence per request; fan out with common.parallel_sampling")
         max_tokens = validate_prompt(prompt_token_ids, self.vocab_size, sampling_params.max_tokens, self.max_model_len)
         generator = None
         if sampling_params.seed is not None:

@@ -5,7 +5,7 @@ import enum
 
 import torch
 
-from engine.messages import SamplingParams
+from common.messages import SamplingParams
 
 
 class Status(enum.Enum):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.messages import TokenLogprob
+from common.messages import TokenLogprob
 from engine.sampling_batch import SamplingBatch
 
 

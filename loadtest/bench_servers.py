@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-dir", default=None)
     args = ap.parse_args(argv)
 
-    from engine.default_model import ensure_default_model
+    from common.default_model import ensure_default_model
 
     model_dir = ensure_default_model()
     out = Path(args.output_dir or f"results/bench-{datetime.datetime.now():%Y%m%d-%H%M%S}")

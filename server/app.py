@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from engine.messages import DetokenizeRequest, TokenizeRequest
+from common.messages import DetokenizeRequest, TokenizeRequest
 from server import chat, completions
 from server.errors import bad_request, check_token_ids, error_response, install_error_handlers, unavailable
 from server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware

@@ -5,7 +5,7 @@ import time
 
 from fastapi import APIRouter, Request
 
-from engine.messages import ChatMessage, GenerateRequest, TextDelta, TextLogprob, Usage
+from common.messages import ChatMessage, GenerateRequest, TextDelta, TextLogprob, Usage
 from server.generation import ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
 from server.protocol import ChatCompletionRequest
 from server.sampling import chat_sampling_params

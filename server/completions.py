@@ -5,7 +5,7 @@ import time
 
 from fastapi import APIRouter, Request
 
-from engine.messages import GenerateRequest, TextDelta, TextLogprob, Usage
+from common.messages import GenerateRequest, TextDelta, TextLogprob, Usage
 from server.errors import bad_request, check_token_ids
 from server.generation import ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
 from server.protocol import CompletionRequest

@@ -1,6 +1,6 @@
 """Server configuration, and the one command line generated from it and from EngineConfig.
 
-Every flag is also an environment variable LLM_<FLAG> (see `engine.cli_args`); the positional
+Every flag is also an environment variable LLM_<FLAG> (see `common.cli_args`); the positional
 MODEL is LLM_MODEL.
 """
 from __future__ import annotations
@@ -9,8 +9,8 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
-from engine.cli_args import add_dataclass_args, dataclass_from_args, env_name
-from engine.config import EngineConfig
+from common.cli_args import add_dataclass_args, dataclass_from_args, env_name
+from common.engine_config import EngineConfig
 
 
 def _opt(default, help: str, **extra):

@@ -17,8 +17,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from engine.ipc import Channel, IpcPaths, open_socket
-from engine.messages import (AbortRequest, DetokenizeResponse, EngineReady, GenerateRequest, ProcessError,
+from common.ipc import Channel, IpcPaths, open_socket
+from common.messages import (AbortRequest, DetokenizeResponse, EngineReady, GenerateRequest, ProcessError,
                              PromptAccepted, RequestRejected, TextDelta, TextOutputs, TokenizeResponse, ToServer)
 from server.errors import ApiError, unavailable
 from server.metrics import ServerMetrics

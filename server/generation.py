@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from engine.messages import EngineReady, GenerateRequest, TextDelta, TextLogprob, Usage
+from common.messages import EngineReady, GenerateRequest, TextDelta, TextLogprob, Usage
 from server.engine_client import EngineClient, RequestStream
 from server.errors import ApiError, bad_request, error_body
 from server.state import ServingState

@@ -3,7 +3,7 @@
 Unknown fields are rejected (extra="forbid"), and so are known OpenAI fields this server does
 not implement, unless they carry their neutral value (tools=[], response_format text, ...):
 a request is never served with part of it silently ignored. Range checks of the sampling
-fields live in `engine.sampling_validation`, shared with the engine.
+fields live in `common.validation`, shared with the engine.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Fields the request leaves unset take the model's generation_config.json values (temperature,
 top_p, top_k, min_p, repetition_penalty, max_new_tokens), as `vllm serve` does by default; what
 neither sets keeps the OpenAI default. The range checks are the engine's own
-(`engine.sampling_validation`), run here so bad input is a 400 and never reaches the engine.
+(`common.validation`), run here so bad input is a 400 and never reaches the engine.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import logging
 import math
 from pathlib import Path
 
-from engine.messages import SamplingParams
-from engine.sampling_validation import MAX_LOGPROBS, validate_sampling_params
+from common.messages import SamplingParams
+from common.validation import MAX_LOGPROBS, validate_sampling_params
 from server.errors import bad_request
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 

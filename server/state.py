@@ -10,9 +10,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from engine.config import EngineConfig
-from engine.ipc import IpcPaths
-from engine.messages import EngineReady
+from common.engine_config import EngineConfig
+from common.ipc import IpcPaths
+from common.messages import EngineReady
 from server.config import ServerConfig
 from server.engine_client import EngineClient
 from server.errors import ApiError, unavailable

@@ -5,7 +5,7 @@ from collections import Counter
 
 import torch
 
-from engine.messages import SamplingParams
+from common.messages import SamplingParams
 
 
 def reference_probs(logits: torch.Tensor, p: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import jinja2
 
-from engine.messages import ChatMessage
-from engine.sampling_validation import validate_prompt
+from common.messages import ChatMessage
+from common.validation import validate_prompt
 
 
 class PromptTokenizer:

@@ -1,13 +1,13 @@
 """One server request inside the tokenizer worker: its choices, their detokenizers, its usage.
 
 A request runs len(prompts) * n choices, each an engine request of its own (child id from
-`engine.parallel_sampling`). Token deltas come in per child; text deltas go out per choice.
+`common.parallel_sampling`). Token deltas come in per child; text deltas go out per choice.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.messages import SamplingParams, TextDelta, TokenDelta, Usage
+from common.messages import SamplingParams, TextDelta, TokenDelta, Usage
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
 from tokenizer_worker.token_text import TokenText
 

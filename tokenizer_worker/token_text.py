@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tokenizers import decoders
 
-from engine.messages import TextLogprob, TokenLogprob, TopLogprob
+from common.messages import TextLogprob, TokenLogprob, TopLogprob
 
 # JSON has no -inf; like vLLM, report impossible tokens with a very low finite logprob.
 MIN_LOGPROB = -9999.0

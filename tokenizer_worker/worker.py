@@ -13,12 +13,12 @@ import logging
 import msgspec
 import zmq
 
-from engine.ipc import Channel, IpcPaths, ParentWatch, open_socket, report_crash, start_child_process
-from engine.messages import (AbortRequest, DetokenizeRequest, DetokenizeResponse, EngineOutputs, EngineReady,
+from common.ipc import Channel, IpcPaths, ParentWatch, open_socket, report_crash, start_child_process
+from common.messages import (AbortRequest, DetokenizeRequest, DetokenizeResponse, EngineOutputs, EngineReady,
                              EngineRequest, FromEngine, GenerateRequest, ProcessError, PromptAccepted,
                              RequestRejected, TextDelta, TextOutputs, TokenizeRequest, TokenizeResponse,
                              ToTokenizerWorker)
-from engine.parallel_sampling import child_request_id, fan_out
+from common.parallel_sampling import child_request_id, fan_out
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
 from tokenizer_worker.prompts import PromptTokenizer, check_prompt
 from tokenizer_worker.request_state import Choice, WorkerRequest

@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.config import EngineConfig
+from common.engine_config import EngineConfig
 from engine.forward_context import ForwardContext, forward_context
 from engine.llm_engine import LLMEngine
-from engine.messages import SamplingParams
+from common.messages import SamplingParams
 from engine.request import Request
 from engine.scheduler import ScheduledBatch
 

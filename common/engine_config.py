@@ -1,7 +1,7 @@
 """Engine configuration: one frozen dataclass, also the source of the CLI flags.
 
 Each field's `metadata["help"]` becomes a `--flag-name` (and an environment variable
-`LLM_FLAG_NAME`) in `engine.cli_args`, so the engine, the server and the benchmark share one
+`LLM_FLAG_NAME`) in `common.cli_args`, so the engine, the server and the benchmark share one
 definition of every knob.
 """
 from __future__ import annotations

@@ -17,10 +17,10 @@ import random
 
 import torch
 
-from engine.bench_runs import RunResult, run_hf_generate, run_hf_generate_batch, run_ours
-from engine.config import EngineConfig
+from engine.bench.runs import RunResult, run_hf_generate, run_hf_generate_batch, run_ours
+from common.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.machine_limits import gemm_flops, memory_bandwidth
+from engine.bench.limits import gemm_flops, memory_bandwidth
 from engine.models.llama import ModelArch
 
 

@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.llm import LLM
-from engine.messages import SamplingParams
+from common.messages import SamplingParams
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -6,9 +6,9 @@ import msgspec
 import pytest
 import zmq
 
-from engine.default_model import ensure_default_model
-from engine.ipc import Channel, IpcPaths, open_socket
-from engine.messages import (AbortRequest, ChatMessage, EngineOutputs, EngineReady, EngineRequest, EngineStats,
+from common.default_model import ensure_default_model
+from common.ipc import Channel, IpcPaths, open_socket
+from common.messages import (AbortRequest, ChatMessage, EngineOutputs, EngineReady, EngineRequest, EngineStats,
                              GenerateRequest, PromptAccepted, RequestRejected, SamplingParams, TextOutputs,
                              TokenDelta, ToEngine, ToServer)
 from tokenizer_worker.prompts import PromptTokenizer

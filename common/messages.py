@@ -11,7 +11,7 @@ import msgspec
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a request asks of the sampler and the stop rules (token level).
 
-    Validation lives in `engine.sampling_validation`; defaults here mean "off".
+    Validation lives in `common.validation`; defaults here mean "off".
     """
 
     n: int = 1

@@ -7,9 +7,9 @@ import random
 import pytest
 
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig
+from common.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.messages import SamplingParams
+from common.messages import SamplingParams
 from engine.request import Request
 from engine.sampler import SamplerOutput
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.messages import SamplingParams
+from common.messages import SamplingParams
 from engine.request import Request
 from engine.sampler import Sampler, apply_penalties, compute_probs
 from engine.sampling_batch import SamplingBatch

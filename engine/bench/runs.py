@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.llm_engine import LLMEngine
-from engine.messages import SamplingParams
+from common.messages import SamplingParams
 
 
 @dataclass

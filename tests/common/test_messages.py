@@ -4,7 +4,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from engine.messages import (AbortRequest, ChatMessage, DetokenizeRequest, DetokenizeResponse, EngineOutputs,
+from common.messages import (AbortRequest, ChatMessage, DetokenizeRequest, DetokenizeResponse, EngineOutputs,
                              EngineReady, EngineRequest, EngineStats, FromEngine, GenerateRequest, ProcessError,
                              PromptAccepted, RequestRejected, SamplingParams, TextDelta, TextLogprob, TextOutputs,
                              TokenDelta, TokenizeRequest, TokenizeResponse, TokenLogprob, TopLogprob, ToEngine,
@@ -68,5 +68,5 @@ def test_messages_module_has_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, engine.messages; assert 'torch' not in sys.modules"
+    code = "import sys, common.messages; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -19,7 +19,7 @@ from loadtest.client import UsageMissingWarning
 from loadtest.fake_server import FakeServerConfig, start_in_thread
 from loadtest.targets import is_loopback
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAST = dict(ttft_s=0.01, itl_s=0.002)
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import msgspec
 import zmq
 
-from engine.config import EngineConfig
+from common.engine_config import EngineConfig
 from engine.engine_process import EngineLoop
-from engine.ipc import Channel, IpcPaths, open_socket
+from common.ipc import Channel, IpcPaths, open_socket
 from engine.llm_engine import LLMEngine
-from engine.messages import AbortRequest, EngineOutputs, EngineRequest, FromEngine, SamplingParams
+from common.messages import AbortRequest, EngineOutputs, EngineRequest, FromEngine, SamplingParams
 
 
 def test_engine_loop(tiny_llama_dir):

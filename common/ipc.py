@@ -124,7 +124,7 @@ class ParentWatch:
 
 def report_crash(channel: Channel | None, process: str, error: BaseException) -> None:
     """Log the traceback and try to tell the server before the process exits with status 1."""
-    from engine.messages import ProcessError
+    from common.messages import ProcessError
 
     logger.critical("%s process crashed", process, exc_info=error)
     if channel is not None:

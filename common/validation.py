@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from engine.messages import SamplingParams
+from common.messages import SamplingParams
 
 MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 

@@ -6,7 +6,7 @@ import subprocess
 import sysconfig
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_dockerfile_has_no_hadolint_findings(tmp_path):

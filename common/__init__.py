@@ -1,0 +1,3 @@
+"""What all three processes share, with no torch import: the cross-process messages, the IPC
+queues and child-process life, the engine's config and the CLI generated from it, request
+validation, the n-choice fan-out, and where the default model lives."""

@@ -1,0 +1,1 @@
+"""The inference engine: scheduler, paged KV cache, model runner, models and sampler."""
