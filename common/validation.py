@@ -1,23 +1,31 @@
-"""Check a request's SamplingParams before it reaches the scheduler; ValueError names the field."""
+"""Check a request before it reaches the scheduler; InvalidRequest names the field to blame.
+
+The engine runs these checks itself (the in-process `LLM` has no one in front of it), and the
+server and the tokenizer worker run the same ones earlier, so bad input becomes a 400 and
+never reaches the engine process.
+"""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+from common.errors import InvalidRequest
 from common.messages import SamplingParams
 
 MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 
 
 def validate_sampling_params(p: SamplingParams, vocab_size: int) -> None:
-    def require(ok: bool, field: str, message: str):
+    def require(ok: bool, param: str, message: str):
         if not ok:
-            raise ValueError(f"{field}: {message}")
+            raise InvalidRequest(param, message)
 
-    def finite(field: str, value: float):
-        require(isinstance(value, (int, float)) and math.isfinite(value), field, f"must be a finite number, got {value!r}")
+    def finite(param: str, value: float):
+        require(isinstance(value, (int, float)) and math.isfinite(value), param,
+                f"must be a finite number, got {value!r}")
 
-    for field in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
-        finite(field, getattr(p, field))
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+        finite(name, getattr(p, name))
     require(p.n >= 1, "n", f"must be at least 1, got {p.n}")
     require(0 <= p.temperature <= 2, "temperature", f"must be in [0, 2], got {p.temperature}")
     require(0 < p.top_p <= 1, "top_p", f"must be in (0, 1], got {p.top_p}")
@@ -33,27 +41,39 @@ def validate_sampling_params(p: SamplingParams, vocab_size: int) -> None:
     require(p.logprobs is None or 0 <= p.logprobs <= MAX_LOGPROBS, "logprobs",
             f"must be in [0, {MAX_LOGPROBS}], got {p.logprobs}")
     require(p.seed is None or -(2**63) <= p.seed < 2**64, "seed", f"out of range: {p.seed}")
-    for t in p.stop_token_ids:
-        require(0 <= t < vocab_size, "stop_token_ids", f"token id {t} is outside the vocabulary [0, {vocab_size})")
+    check_token_ids("stop_token_ids", p.stop_token_ids, vocab_size)
+    check_token_ids("logit_bias", list(p.logit_bias or {}), vocab_size)
     for t, bias in (p.logit_bias or {}).items():
-        require(0 <= t < vocab_size, "logit_bias", f"token id {t} is outside the vocabulary [0, {vocab_size})")
         finite("logit_bias", bias)
         require(-100 <= bias <= 100, "logit_bias", f"bias for token {t} must be in [-100, 100], got {bias}")
 
 
-def validate_prompt(prompt_token_ids: list[int], vocab_size: int, max_tokens: int | None, max_model_len: int) -> int:
-    """Check the prompt and return the resolved max_tokens (None -> the rest of max_model_len)."""
-    if not prompt_token_ids:
-        raise ValueError("prompt: must contain at least one token")
-    bad = next((t for t in prompt_token_ids if not 0 <= t < vocab_size), None)
+def check_token_ids(param: str, token_ids: Sequence[int], vocab_size: int) -> None:
+    """Every id is in [0, vocab_size). Also what keeps ids beyond 64 bits out of msgpack."""
+    bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise ValueError(f"prompt: token id {bad} is outside the vocabulary [0, {vocab_size})")
+        raise InvalidRequest(param, f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+def resolve_max_tokens(prompt_token_ids: Sequence[int], vocab_size: int, max_tokens: int | None,
+                       max_model_len: int, param: str = "prompt") -> int:
+    """The max_tokens this prompt runs with (None: the rest of max_model_len).
+
+    InvalidRequest (naming `param`, the field the prompt came from) when there is none: the
+    prompt is empty, holds an id outside the vocabulary, or leaves no room for max_tokens.
+    """
+    if not prompt_token_ids:
+        raise InvalidRequest(param, "must contain at least one token")
+    check_token_ids(param, prompt_token_ids, vocab_size)
     n = len(prompt_token_ids)
     if max_tokens is None:
         if n >= max_model_len:
-            raise ValueError(f"prompt: {n} tokens leave no room in max_model_len {max_model_len}")
+            raise InvalidRequest(param, f"{n} tokens leave no room in max_model_len {max_model_len}")
         return max_model_len - n
     if n + max_tokens > max_model_len:
-        raise ValueError(f"prompt ({n} tokens) plus max_tokens ({max_tokens}) = {n + max_tokens} "
-                         f"exceeds max_model_len {max_model_len}")
+        raise InvalidRequest(param, f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) = {n + max_tokens} "
+                                    f"exceeds max_model_len {max_model_len}")
     return max_tokens
+
+
+validate_prompt = resolve_max_tokens  # used by engine/llm_engine.py until it is switched over

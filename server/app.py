@@ -8,8 +8,9 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from common.messages import DetokenizeRequest, TokenizeRequest
+from common.validation import check_token_ids
 from server import chat, completions
-from server.errors import bad_request, check_token_ids, error_response, install_error_handlers, unavailable
+from server.errors import bad_request, error_response, install_error_handlers, unavailable
 from server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
 from server.protocol import DetokenizeBody, TokenizeBody
 from server.state import ServingState
@@ -84,7 +85,7 @@ def create_app(state: ServingState) -> FastAPI:
     async def detokenize(body: DetokenizeBody):
         ready = state.check_accepting()
         state.check_model(body.model)
-        check_token_ids("tokens", body.tokens, ready.vocab_size)
+        check_token_ids("tokens", body.tokens, ready.vocab_size)  # InvalidRequest: a 400
         answer = await state.client.call(lambda rid: DetokenizeRequest(rid, body.tokens))
         return {"prompt": answer.text}
 

@@ -6,7 +6,8 @@ import time
 from fastapi import APIRouter, Request
 
 from common.messages import GenerateRequest, TextDelta, TextLogprob, Usage
-from server.errors import bad_request, check_token_ids
+from common.validation import check_token_ids
+from server.errors import bad_request
 from server.generation import ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
 from server.protocol import CompletionRequest
 from server.sampling import MAX_N, completion_sampling_params
@@ -22,9 +23,9 @@ async def completions(body: CompletionRequest, raw: Request):
     prompts = _prompt_list(body.prompt)
     if len(prompts) * params.n > MAX_N:
         raise bad_request(f"prompt: {len(prompts)} prompts x n={params.n} is more than {MAX_N} choices", "prompt")
-    for p in prompts:
+    for p in prompts:  # here, not only in the worker: an id beyond 64 bits cannot even be sent there
         if not isinstance(p, str):
-            check_token_ids("prompt", p, ready.vocab_size)
+            check_token_ids("prompt", p, ready.vocab_size)  # InvalidRequest: a 400
     ids = ResponseIds.new("cmpl", state.served_model_name)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     request = GenerateRequest(request_id=ids.id, sampling_params=params, prompts=prompts, arrival_time=time.time())

@@ -14,6 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common.errors import InvalidRequest
+
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
@@ -31,10 +33,9 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param)
 
 
-def check_token_ids(field: str, token_ids, vocab_size: int) -> None:
-    bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise bad_request(f"{field}: token id {bad} is outside the vocabulary [0, {vocab_size})", field)
+def invalid_request(exc: InvalidRequest) -> ApiError:
+    """A failed shared check (`common.validation`) as a 400 that names the field."""
+    return ApiError(400, str(exc), exc.param)
 
 
 def unavailable(message: str) -> ApiError:
@@ -88,6 +89,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):
         return error_response(exc)
+
+    @app.exception_handler(InvalidRequest)
+    async def _invalid_request(_request: Request, exc: InvalidRequest):
+        return error_response(invalid_request(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError):

@@ -12,9 +12,10 @@ import logging
 import math
 from pathlib import Path
 
+from common.errors import InvalidRequest
 from common.messages import SamplingParams
 from common.validation import MAX_LOGPROBS, validate_sampling_params
-from server.errors import bad_request
+from server.errors import bad_request, invalid_request
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 logger = logging.getLogger(__name__)
@@ -102,7 +103,6 @@ def _sampling_params(body: SamplingFields, defaults: dict, vocab_size: int, max_
         skip_special_tokens=body.skip_special_tokens)
     try:
         validate_sampling_params(params, vocab_size)
-    except ValueError as exc:
-        field, _, _ = str(exc).partition(":")
-        raise bad_request(str(exc), field) from None
+    except InvalidRequest as exc:
+        raise invalid_request(exc) from None
     return params

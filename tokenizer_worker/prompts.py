@@ -1,7 +1,7 @@
 """Prompts in, token ids out: the model's chat template and tokenizer, from the model folder.
 
-Bad input (a conversation the template refuses, a token id outside the vocabulary, a prompt too
-long for max_model_len) raises ValueError("<field>: <why>"), which the worker turns into a 400.
+Bad input (a conversation the template refuses, a token id outside the vocabulary) raises
+InvalidRequest naming the field, which the worker turns into a 400.
 """
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from collections.abc import Sequence
 
 import jinja2
 
+from common.errors import InvalidRequest
 from common.messages import ChatMessage
-from common.validation import validate_prompt
+from common.validation import check_token_ids
 
 
 class PromptTokenizer:
@@ -21,7 +22,7 @@ class PromptTokenizer:
 
     def chat_prompt_ids(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> list[int]:
         if not self.tokenizer.chat_template:
-            raise ValueError("messages: this model has no chat template; use /v1/completions with a prompt")
+            raise InvalidRequest("messages", "this model has no chat template; use /v1/completions with a prompt")
         conversation = []
         for m in messages:
             entry = {"role": m.role, "content": m.content}
@@ -32,7 +33,7 @@ class PromptTokenizer:
             text = self.tokenizer.apply_chat_template(conversation, tokenize=False,
                                                       add_generation_prompt=add_generation_prompt)
         except jinja2.TemplateError as exc:  # e.g. `raise_exception('roles must alternate')`
-            raise ValueError(f"messages: the model's chat template refused them: {exc}") from None
+            raise InvalidRequest("messages", f"the model's chat template refused them: {exc}") from None
         # The template already wrote the special tokens it wants (BOS, role markers).
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -47,18 +48,3 @@ class PromptTokenizer:
     def decode(self, token_ids: Sequence[int], vocab_size: int) -> str:
         check_token_ids("tokens", token_ids, vocab_size)
         return self.tokenizer.decode(list(token_ids))
-
-
-def check_token_ids(field: str, token_ids: Sequence[int], vocab_size: int) -> None:
-    bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise ValueError(f"{field}: token id {bad} is outside the vocabulary [0, {vocab_size})")
-
-
-def check_prompt(field: str, token_ids: list[int], vocab_size: int, max_tokens: int | None,
-                 max_model_len: int) -> None:
-    """The engine's own admission check, run here so a bad prompt never reaches the engine."""
-    try:
-        validate_prompt(token_ids, vocab_size, max_tokens, max_model_len)
-    except ValueError as exc:
-        raise ValueError(f"{field}: {str(exc).removeprefix('prompt: ')}") from None

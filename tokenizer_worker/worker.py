@@ -13,14 +13,16 @@ import logging
 import msgspec
 import zmq
 
+from common.errors import InvalidRequest
 from common.ipc import Channel, IpcPaths, ParentWatch, open_socket, report_crash, start_child_process
 from common.messages import (AbortRequest, DetokenizeRequest, DetokenizeResponse, EngineOutputs, EngineReady,
                              EngineRequest, FromEngine, GenerateRequest, ProcessError, PromptAccepted,
                              RequestRejected, TextDelta, TextOutputs, TokenizeRequest, TokenizeResponse,
                              ToTokenizerWorker)
 from common.parallel_sampling import child_request_id, fan_out
+from common.validation import resolve_max_tokens
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
-from tokenizer_worker.prompts import PromptTokenizer, check_prompt
+from tokenizer_worker.prompts import PromptTokenizer
 from tokenizer_worker.request_state import Choice, WorkerRequest
 from tokenizer_worker.token_text import TokenText
 
@@ -89,9 +91,10 @@ class TokenizerWorker:
             elif isinstance(msg, DetokenizeRequest):
                 self.to_server.send(DetokenizeResponse(msg.request_id, self.prompts.decode(
                     msg.token_ids, self._limits().vocab_size)))
-        except ValueError as exc:  # bad input, "<field>: <why>"
-            field, _, _ = str(exc).partition(":")
-            self.to_server.send(RequestRejected(request_id, str(exc), param=field or None))
+        except InvalidRequest as exc:
+            self.to_server.send(RequestRejected(request_id, str(exc), param=exc.param))
+        except ValueError as exc:  # bad input that names no field (e.g. from the tokenizer)
+            self.to_server.send(RequestRejected(request_id, str(exc)))
         except Exception as exc:  # noqa: BLE001 - one request's failure must not stop the others
             logger.exception("request %s failed in the tokenizer worker", request_id)
             self.to_server.send(RequestRejected(request_id, f"internal error: {type(exc).__name__}", status=500))
@@ -103,8 +106,8 @@ class TokenizerWorker:
             field, prompts = "messages", [self.prompts.chat_prompt_ids(msg.messages, msg.add_generation_prompt)]
         else:
             field, prompts = "prompt", [self.prompts.text_prompt_ids(p) for p in msg.prompts]
-        for ids in prompts:
-            check_prompt(field, ids, limits.vocab_size, params.max_tokens, limits.max_model_len)
+        for ids in prompts:  # the engine's own admission check, so a bad prompt never reaches it
+            resolve_max_tokens(ids, limits.vocab_size, params.max_tokens, limits.max_model_len, param=field)
         req = WorkerRequest(msg.request_id, params, [len(ids) for ids in prompts])
         engine_requests = []
         for p, ids in enumerate(prompts):
