@@ -5,7 +5,15 @@ module, and the wire format (msgpack) is derived from these definitions. Grouped
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
+
+# How a sequence ended (vLLM's names): "stop" an EOS, stop token or stop string; "length"
+# max_tokens or max_model_len; "abort" the client left; "error" the engine refused it.
+FinishReason = Literal["stop", "length", "abort", "error"]
+# What stopped it: a stop token id (the engine's) or a stop string (the tokenizer worker's).
+StopReason = int | str
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -42,7 +50,6 @@ class EngineRequest(msgspec.Struct, tag=True):
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    arrival_time: float = 0.0
 
 
 class AbortRequest(msgspec.Struct, tag=True):
@@ -64,15 +71,16 @@ class TokenDelta(msgspec.Struct, array_like=True):
     new_token_ids: list[int]
     # One entry per new token when logprobs were asked: the sampled token first, then the top-k.
     logprobs: list[list[TokenLogprob]] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    stop_reason: int | None = None  # the stop token id that ended it, if any
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    stop_reason: StopReason | None = None  # the engine knows no stop strings: a stop token id
+    # Prompt tokens found in the prefix cache; sent on a request's first delta (None after it).
+    num_cached_tokens: int | None = None
     error: str | None = None  # with finish_reason "error": why the engine refused the request
 
 
-class EngineStats(msgspec.Struct, tag=True):
-    """Scheduler and cache gauges, sent once per step that changed something."""
+class EngineStats(msgspec.Struct):
+    """Scheduler and cache gauges, sent once per step that changed something (inside
+    EngineOutputs / TextOutputs, so untagged)."""
 
     num_running: int
     num_waiting: int
@@ -127,7 +135,6 @@ class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
     prompts: list[str | list[int]] = []
-    arrival_time: float = 0.0
 
 
 class TokenizeRequest(msgspec.Struct, tag=True, kw_only=True):
@@ -163,17 +170,14 @@ class RequestRejected(msgspec.Struct, tag=True):
     status: int = 400
 
 
-class TopLogprob(msgspec.Struct, array_like=True):
+class TextLogprob(msgspec.Struct, array_like=True):
+    """One token's logprob in text form: the sampled token, with its top alternatives in `top`
+    (each a TextLogprob whose own `top` is empty)."""
+
     token: str  # the token decoded on its own (may be a partial character)
     token_bytes: list[int]  # its exact bytes
     logprob: float
-
-
-class TextLogprob(msgspec.Struct, array_like=True):
-    token: str
-    token_bytes: list[int]
-    logprob: float
-    top: list[TopLogprob] = []
+    top: list[TextLogprob] = []
 
 
 class Usage(msgspec.Struct, array_like=True):
@@ -189,8 +193,8 @@ class TextDelta(msgspec.Struct, array_like=True):
     index: int  # the choice
     text: str
     num_new_tokens: int  # output tokens this delta accounts for
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    finish_reason: FinishReason | None = None
+    stop_reason: StopReason | None = None
     logprobs: list[TextLogprob] | None = None
     usage: Usage | None = None  # on the delta that ends the whole request, only
     error: str | None = None  # with finish_reason "error"

@@ -125,7 +125,7 @@ class LLMEngine:
                 request_id=req.request_id, new_token_ids=[token],
                 logprobs=None if out.logprobs[i] is None else [out.logprobs[i]],
                 finish_reason=req.finish_reason, stop_reason=req.stop_reason,
-                num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=req.num_cached_tokens))
+                num_cached_tokens=req.num_cached_tokens))
         return deltas
 
     def _check_stop(self, req: Request, token: int) -> None:

@@ -1,8 +1,6 @@
 """POST /v1/chat/completions: request checks, then chunks and responses in OpenAI's shapes."""
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Request
 
 from common.messages import ChatMessage, GenerateRequest, TextDelta, TextLogprob, Usage
@@ -22,7 +20,7 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request):
     ids = ResponseIds.new("chatcmpl", state.served_model_name)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     request = GenerateRequest(request_id=ids.id, sampling_params=params, messages=messages,
-                              add_generation_prompt=body.add_generation_prompt, arrival_time=time.time())
+                              add_generation_prompt=body.add_generation_prompt)
     return await serve_generation(state, raw, request, params.n, bool(body.stream), include_usage,
                                   ChatRenderer(ids, include_usage, params.logprobs is not None))
 

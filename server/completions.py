@@ -1,8 +1,6 @@
 """POST /v1/completions: one prompt or a batch (text or token ids); choice index = prompt * n + i."""
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Request
 
 from common.messages import GenerateRequest, TextDelta, TextLogprob, Usage
@@ -28,7 +26,7 @@ async def completions(body: CompletionRequest, raw: Request):
             check_token_ids("prompt", p, ready.vocab_size)  # InvalidRequest: a 400
     ids = ResponseIds.new("cmpl", state.served_model_name)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    request = GenerateRequest(request_id=ids.id, sampling_params=params, prompts=prompts, arrival_time=time.time())
+    request = GenerateRequest(request_id=ids.id, sampling_params=params, prompts=prompts)
     renderer = CompletionRenderer(ids, include_usage, params.logprobs is not None)
     return await serve_generation(state, raw, request, len(prompts) * params.n, bool(body.stream), include_usage,
                                   renderer)

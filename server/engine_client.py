@@ -43,7 +43,6 @@ class RequestStream:
         self.arrival = time.perf_counter()
         self.first_text_at: float | None = None
         self.last_text_at: dict[int, float] = {}  # per choice
-        self.num_prompt_tokens = 0
 
     async def __aiter__(self) -> AsyncIterator[TextDelta]:
         while True:
@@ -110,7 +109,6 @@ class EngineClient:
         if isinstance(first, Failure):
             raise ApiError(500, f"the request failed: {first.reason}", code="engine_failed")
         assert isinstance(first, PromptAccepted), f"unexpected first message {type(first).__name__}"
-        stream.num_prompt_tokens = first.num_prompt_tokens
         self.metrics.prompt_tokens.inc(first.num_prompt_tokens)
         return stream
 

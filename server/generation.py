@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from common.messages import EngineReady, GenerateRequest, TextDelta, TextLogprob, Usage
+from common.messages import EngineReady, FinishReason, GenerateRequest, StopReason, TextDelta, TextLogprob, Usage
 from server.engine_client import EngineClient, RequestStream
 from server.errors import ApiError, bad_request, error_body
 from server.state import ServingState
@@ -34,8 +34,8 @@ class ChoiceResult:
     index: int
     text_parts: list[str] = field(default_factory=list)
     logprobs: list[TextLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: StopReason | None = None
 
     @property
     def text(self) -> str:

@@ -19,7 +19,7 @@ class Choice:
     child_id: str
     detokenizer: IncrementalDetokenizer
     num_output_tokens: int = 0
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # the engine sends it on the first delta only
     finished: bool = False
 
 
@@ -44,7 +44,8 @@ class WorkerRequest:
     def on_token_delta(self, choice: Choice, d: TokenDelta, token_text: TokenText) -> DeltaResult:
         assert not choice.finished, f"delta for finished choice {choice.child_id}"
         choice.num_output_tokens += len(d.new_token_ids)
-        choice.num_cached_tokens = d.num_cached_tokens
+        if d.num_cached_tokens is not None:
+            choice.num_cached_tokens = d.num_cached_tokens
         text_ids = d.new_token_ids
         if d.stop_reason is not None and not self.params.include_stop_str_in_output:
             text_ids = text_ids[:-1]  # a stop token id ends the text without being part of it (vLLM)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tokenizers import decoders
 
-from common.messages import TextLogprob, TokenLogprob, TopLogprob
+from common.messages import TextLogprob, TokenLogprob
 
 # JSON has no -inf; like vLLM, report impossible tokens with a very low finite logprob.
 MIN_LOGPROB = -9999.0
@@ -61,5 +61,5 @@ class TokenText:
         for sampled, *top in entries:
             token, token_bytes = self.get(sampled.token_id)
             out.append(TextLogprob(token, token_bytes, max(sampled.logprob, MIN_LOGPROB), [
-                TopLogprob(*self.get(t.token_id), max(t.logprob, MIN_LOGPROB)) for t in top]))
+                TextLogprob(*self.get(t.token_id), max(t.logprob, MIN_LOGPROB)) for t in top]))
         return out

@@ -19,7 +19,7 @@ from common.messages import (AbortRequest, DetokenizeRequest, DetokenizeResponse
                              EngineRequest, FromEngine, GenerateRequest, ProcessError, PromptAccepted,
                              RequestRejected, TextDelta, TextOutputs, TokenizeRequest, TokenizeResponse,
                              ToTokenizerWorker)
-from common.parallel_sampling import child_request_id, fan_out
+from common.parallel_sampling import fan_out
 from common.validation import resolve_max_tokens
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
 from tokenizer_worker.prompts import PromptTokenizer
@@ -111,14 +111,14 @@ class TokenizerWorker:
         req = WorkerRequest(msg.request_id, params, [len(ids) for ids in prompts])
         engine_requests = []
         for p, ids in enumerate(prompts):
-            for i, (_, child_params) in enumerate(fan_out(msg.request_id, params)):
-                index = p * params.n + i
-                child_id = child_request_id(msg.request_id, index)
+            first_index = p * params.n
+            for i, (child_id, child_params) in enumerate(fan_out(msg.request_id, params, first_index)):
+                index = first_index + i
                 detokenizer = IncrementalDetokenizer(
                     self.prompts.tokenizer, ids, skip_special_tokens=params.skip_special_tokens,
                     stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
                 req.add_choice(Choice(index, p, child_id, detokenizer))
-                engine_requests.append(EngineRequest(child_id, ids, child_params, msg.arrival_time))
+                engine_requests.append(EngineRequest(child_id, ids, child_params))
         self.requests[msg.request_id] = req
         for choice in req.choices.values():
             self.children[choice.child_id] = (req, choice)

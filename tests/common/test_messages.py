@@ -7,8 +7,8 @@ import pytest
 from common.messages import (AbortRequest, ChatMessage, DetokenizeRequest, DetokenizeResponse, EngineOutputs,
                              EngineReady, EngineRequest, EngineStats, FromEngine, GenerateRequest, ProcessError,
                              PromptAccepted, RequestRejected, SamplingParams, TextDelta, TextLogprob, TextOutputs,
-                             TokenDelta, TokenizeRequest, TokenizeResponse, TokenLogprob, TopLogprob, ToEngine,
-                             ToServer, ToTokenizerWorker, Usage)
+                             TokenDelta, TokenizeRequest, TokenizeResponse, TokenLogprob, ToEngine, ToServer,
+                             ToTokenizerWorker, Usage)
 
 PARAMS = SamplingParams(n=2, max_tokens=7, min_tokens=1, temperature=0.5, top_k=5, top_p=0.9, min_p=0.1,
                         repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=-0.3,
@@ -16,21 +16,21 @@ PARAMS = SamplingParams(n=2, max_tokens=7, min_tokens=1, temperature=0.5, top_k=
                         stop=["\n\n", "END"], include_stop_str_in_output=True, skip_special_tokens=False)
 STATS = EngineStats(num_running=3, num_waiting=1, kv_cache_usage=0.25, prefix_cache_queries=100,
                     prefix_cache_hits=32, num_preemptions=1, queue_times=[0.01, 0.5])
-LOGPROB = TextLogprob("é", [0xC3, 0xA9], -0.5, [TopLogprob("e", [0x65], -1.0)])
+LOGPROB = TextLogprob("é", [0xC3, 0xA9], -0.5, [TextLogprob("e", [0x65], -1.0)])
 
 # (message, the union of the socket it travels on)
 MESSAGES = [
-    (EngineRequest("0:r1", [1, 2, 3], PARAMS, 123.5), ToEngine),
+    (EngineRequest("0:r1", [1, 2, 3], PARAMS), ToEngine),
     (AbortRequest(["0:r1", "1:r1"]), ToEngine),
-    (EngineOutputs([TokenDelta("0:r1", [9], [[TokenLogprob(9, -0.1), TokenLogprob(4, -2.0)]], "stop", 2, 3, 1),
+    (EngineOutputs([TokenDelta("0:r1", [9], [[TokenLogprob(9, -0.1), TokenLogprob(4, -2.0)]], "stop", 2, 1),
                     TokenDelta("x", [], finish_reason="error", error="prompt: too long")], STATS), FromEngine),
     (EngineOutputs([]), FromEngine),
     (EngineReady(num_kv_tokens=4096, max_model_len=2048, device="cpu", dtype="float32", vocab_size=49152,
                  model_dir="/m"), FromEngine),
     (ProcessError("engine", "RuntimeError: boom"), FromEngine),
     (GenerateRequest(request_id="r1", sampling_params=PARAMS, messages=[
-        ChatMessage(role="user", content="你好 😀"), ChatMessage(role="assistant", content="hi", name="bot")],
-        arrival_time=1.5), ToTokenizerWorker),
+        ChatMessage(role="user", content="你好 😀"), ChatMessage(role="assistant", content="hi", name="bot")]),
+     ToTokenizerWorker),
     (GenerateRequest(request_id="r2", sampling_params=SamplingParams(), prompts=["text", [1, 2, 3]]),
      ToTokenizerWorker),
     (AbortRequest(["r1"]), ToTokenizerWorker),

@@ -76,7 +76,7 @@ def test_stop_string_across_tokens_aborts_the_choice_in_the_engine(worker, promp
     assert len(ids) == 3
     # Choice 0 gets its tokens one by one: "lo wor" spans the boundary of " hello" and " world".
     for token in ids:
-        w.on_engine_message(EngineOutputs([TokenDelta("0:r", [token], num_prompt_tokens=5)], STATS))
+        w.on_engine_message(EngineOutputs([TokenDelta("0:r", [token])], STATS))
     outputs = [m for m in q.read(q.server_in, ToServer) if isinstance(m, TextOutputs)]
     deltas = [d for m in outputs for d in m.deltas]
     assert "".join(d.text for d in deltas) == " hel"
@@ -127,3 +127,17 @@ def test_bad_prompts_are_rejected_before_the_engine(worker):
     assert [m.param for m in rejected] == ["prompt", "messages", "prompt"]
     assert "max_model_len 64" in rejected[1].message and "60" in rejected[1].message
     assert q.read(q.engine_in, ToEngine) == []
+
+
+def test_cached_tokens_come_with_the_first_delta_only(worker, prompts):
+    w, q = worker
+    w.on_server_message(GenerateRequest(request_id="k", sampling_params=SamplingParams(max_tokens=3),
+                                        prompts=["Hello"]))
+    (sent,) = q.read(q.engine_in, ToEngine)
+    token = prompts.tokenizer.encode(" a", add_special_tokens=False)[0]
+    w.on_engine_message(EngineOutputs([TokenDelta("0:k", [token], num_cached_tokens=16)]))
+    w.on_engine_message(EngineOutputs([TokenDelta("0:k", [token])]))
+    w.on_engine_message(EngineOutputs([TokenDelta("0:k", [token], finish_reason="length")]))
+    deltas = [d for m in q.read(q.server_in, ToServer) if isinstance(m, TextOutputs) for d in m.deltas]
+    assert deltas[-1].usage.cached_tokens == 16 and deltas[-1].usage.completion_tokens == 3
+    assert deltas[-1].usage.prompt_tokens == len(sent.prompt_token_ids)
