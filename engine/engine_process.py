@@ -13,23 +13,21 @@ import time
 import msgspec
 import zmq
 
+from common.child_process import IDLE_POLL_MS, ParentWatch, run_child
 from common.engine_config import EngineConfig
-from common.ipc import Channel, IpcPaths, ParentWatch, open_socket, report_crash, start_child_process
+from common.ipc import Channel, IpcPaths, open_socket
 from common.messages import (AbortRequest, EngineOutputs, EngineReady, EngineRequest, EngineStats, TokenDelta,
                              ToEngine)
 
 logger = logging.getLogger(__name__)
 
 PROCESS_NAME = "engine"
-IDLE_POLL_MS = 1000  # how often an idle engine checks that its parent is still there
 
 
 def run_engine_process(config: EngineConfig, paths: IpcPaths, log_level: str = "info") -> None:
     """Entry function of the engine process (multiprocessing spawn target)."""
-    start_child_process(PROCESS_NAME, log_level)
-    ctx = zmq.Context()
-    outbox = Channel(open_socket(ctx, zmq.PUSH, paths.from_engine, bind=False))
-    try:
+
+    def body(ctx: zmq.Context, outbox: Channel) -> None:
         inbox = open_socket(ctx, zmq.PULL, paths.to_engine, bind=True)
         from engine.llm_engine import LLMEngine  # torch is imported here, in this process only
 
@@ -38,9 +36,9 @@ def run_engine_process(config: EngineConfig, paths: IpcPaths, log_level: str = "
                                 device=str(engine.device), dtype=str(engine.dtype).removeprefix("torch."),
                                 vocab_size=engine.vocab_size, model_dir=str(engine.model_dir)))
         EngineLoop(engine, inbox, outbox).run()
-    except BaseException as exc:  # noqa: BLE001 - any crash is reported, then the process exits loudly
-        report_crash(outbox, PROCESS_NAME, exc)
-        raise SystemExit(1) from None
+
+    run_child(PROCESS_NAME, log_level, paths.from_engine, body)
+
 
 
 class EngineLoop:

@@ -8,7 +8,7 @@ import sys
 import uvicorn
 
 from common.default_model import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model, resolve_model_path
-from common.ipc import LOG_FORMAT
+from common.child_process import LOG_FORMAT
 from server.app import create_app
 from server.config import parse_args
 from server.runner import DrainingServer

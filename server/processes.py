@@ -14,8 +14,8 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
 from common.engine_config import EngineConfig
-from engine.engine_process import run_engine_process
 from common.ipc import IpcPaths
+from engine.engine_process import run_engine_process
 from tokenizer_worker.worker import run_tokenizer_worker
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class ChildProcesses:
             on_exit(proc.name, proc.exitcode)
 
     def stop(self) -> None:
-        """Stop both children (they ignore SIGTERM, see `common.ipc.start_child_process`)."""
+        """Stop both children (they ignore SIGTERM, see `common.child_process.start_child_process`)."""
         self.stopping = True
         for proc in self.procs:
             if self._loop is not None and proc.sentinel is not None:

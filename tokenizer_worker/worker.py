@@ -14,7 +14,8 @@ import msgspec
 import zmq
 
 from common.errors import InvalidRequest
-from common.ipc import Channel, IpcPaths, ParentWatch, open_socket, report_crash, start_child_process
+from common.child_process import IDLE_POLL_MS, ParentWatch, run_child
+from common.ipc import Channel, IpcPaths, drain, open_socket
 from common.messages import (AbortRequest, DetokenizeRequest, DetokenizeResponse, EngineOutputs, EngineReady,
                              EngineRequest, FromEngine, GenerateRequest, ProcessError, PromptAccepted,
                              RequestRejected, TextDelta, TextOutputs, TokenizeRequest, TokenizeResponse,
@@ -29,23 +30,18 @@ from tokenizer_worker.token_text import TokenText
 logger = logging.getLogger(__name__)
 
 PROCESS_NAME = "tokenizer_worker"
-POLL_MS = 1000  # how often an idle worker checks that its parent is still there
 
 
 def run_tokenizer_worker(model_dir: str, paths: IpcPaths, log_level: str = "info") -> None:
     """Entry function of the tokenizer worker process (multiprocessing spawn target)."""
-    start_child_process(PROCESS_NAME, log_level)
-    ctx = zmq.Context()
-    to_server = Channel(open_socket(ctx, zmq.PUSH, paths.to_server, bind=False))
-    try:
+
+    def body(ctx: zmq.Context, to_server: Channel) -> None:
         from_server = open_socket(ctx, zmq.PULL, paths.to_worker, bind=False)
         from_engine = open_socket(ctx, zmq.PULL, paths.from_engine, bind=True)
         to_engine = Channel(open_socket(ctx, zmq.PUSH, paths.to_engine, bind=False))
-        worker = TokenizerWorker(PromptTokenizer(model_dir), to_server, to_engine)
-        worker.run(from_server, from_engine)
-    except BaseException as exc:  # noqa: BLE001 - any crash is reported, then the process exits loudly
-        report_crash(to_server, PROCESS_NAME, exc)
-        raise SystemExit(1) from None
+        TokenizerWorker(PromptTokenizer(model_dir), to_server, to_engine).run(from_server, from_engine)
+
+    run_child(PROCESS_NAME, log_level, paths.to_server, body)
 
 
 class TokenizerWorker:
@@ -66,15 +62,15 @@ class TokenizerWorker:
         poller.register(from_engine, zmq.POLLIN)
         parent = ParentWatch()
         while True:
-            ready = dict(poller.poll(POLL_MS))
+            ready = dict(poller.poll(IDLE_POLL_MS))
             if not ready:
                 parent.check()
             # Engine output first: it frees state and carries the tokens clients wait for.
             if from_engine in ready:
-                for frame in _drain(from_engine):
+                for frame in drain(from_engine):
                     self.on_engine_message(engine_decoder.decode(frame))
             if from_server in ready:
-                for frame in _drain(from_server):
+                for frame in drain(from_server):
                     self.on_server_message(server_decoder.decode(frame))
 
     # ---- from the server ----------------------------------------------------------------
@@ -183,11 +179,3 @@ class TokenizerWorker:
             self.to_engine.send(AbortRequest(stop_hits))
         if deltas or msg.stats is not None:
             self.to_server.send(TextOutputs(deltas, msg.stats))
-
-
-def _drain(sock: zmq.Socket):
-    while True:
-        try:
-            yield sock.recv(zmq.NOBLOCK)
-        except zmq.Again:
-            return
