@@ -85,7 +85,8 @@ class LLM:
                 completion.token_ids.extend(delta.new_token_ids)
                 if delta.logprobs is not None:
                     completion.logprobs.extend(delta.logprobs)
-                out.num_cached_tokens = delta.num_cached_tokens
+                if delta.num_cached_tokens is not None:  # on a request's first delta
+                    out.num_cached_tokens = delta.num_cached_tokens
                 if delta.finish_reason is not None:
                     completion.finish_reason, completion.stop_reason = delta.finish_reason, delta.stop_reason
                     bar.update(1)

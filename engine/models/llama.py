@@ -3,75 +3,34 @@
 Forward takes the flat batch `(input_ids [num_tokens], positions [num_tokens])` and returns
 hidden states [num_tokens, hidden]; the runner picks each sequence's last row and calls
 `compute_logits` on those rows only. q/k/v and gate/up are single merged projections
-(the loader concatenates the checkpoint's separate matrices).
+(each checkpoint matrix is loaded into its slice, see `packed_modules_mapping`). The linear
+layers store and apply their weights through the `LinearMethod` the platform chose.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import paged_attention
+from engine.models.config import ModelArch
 from engine.models.layers import RMSNorm, RotaryEmbedding, apply_rope
+from engine.models.linear import Linear, LinearMethod, MergedLinear
 
-
-@dataclass(frozen=True)
-class ModelArch:
-    """The architecture fields we read from config.json."""
-
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict | None
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool
-    qk_norm: bool
-
-    @classmethod
-    def from_hf_config(cls, cfg: dict) -> "ModelArch":
-        model_type = cfg["model_type"]
-        if model_type not in ("llama", "qwen3"):
-            raise ValueError(f"unsupported model_type {model_type!r}: this engine runs llama and qwen3")
-        rope = cfg.get("rope_parameters") or {}  # transformers >= 5 keeps theta and scaling here
-        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-        return cls(
-            model_type=model_type,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=cfg["num_attention_heads"],
-            num_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)),
-            rope_scaling=scaling,
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=cfg.get("attention_bias", False),
-            qk_norm=model_type == "qwen3",
-        )
+# LM-head candidates per row whose logits are recomputed in float32 (see CausalLM.compute_logits)
+REFINED_CANDIDATES = 4
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: ModelArch, layer_idx: int):
+    def __init__(self, arch: ModelArch, layer_idx: int, method: LinearMethod):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
         self.q_size = arch.num_heads * arch.head_dim
         self.kv_size = arch.num_kv_heads * arch.head_dim
-        self.qkv_proj = nn.Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=False)
+        self.qkv_proj = MergedLinear(arch.hidden_size, {"q": self.q_size, "k": self.kv_size, "v": self.kv_size},
+                                     bias=arch.attention_bias, method=method)
+        self.o_proj = Linear(self.q_size, arch.hidden_size, bias=False, method=method)
         if arch.qk_norm:
             self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
             self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
@@ -93,11 +52,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, arch: ModelArch):
+    def __init__(self, arch: ModelArch, method: LinearMethod):
         super().__init__()
         self.intermediate_size = arch.intermediate_size
-        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.gate_up_proj = MergedLinear(arch.hidden_size, {0: arch.intermediate_size, 1: arch.intermediate_size},
+                                         bias=False, method=method)
+        self.down_proj = Linear(arch.intermediate_size, arch.hidden_size, bias=False, method=method)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -105,14 +65,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, layer_idx: int):
+    def __init__(self, arch: ModelArch, layer_idx: int, method: LinearMethod):
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = Attention(arch, layer_idx)
+        self.self_attn = Attention(arch, layer_idx, method)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = MLP(arch)
+        self.mlp = MLP(arch, method)
 
-    def forward(self, rope, x, residual):
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         x, residual = (self.input_layernorm(x), x) if residual is None else self.input_layernorm(x, residual)
         x = self.self_attn(rope, x)
         x, residual = self.post_attention_layernorm(x, residual)
@@ -120,14 +81,20 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    def __init__(self, arch: ModelArch):
+    # checkpoint module name -> (our merged module, its shard id): the loader's whole mapping
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, arch: ModelArch, method: LinearMethod):
         super().__init__()
         self.arch = arch
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.rotary = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling)
-        self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(arch, i, method) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = Linear(arch.hidden_size, arch.vocab_size, bias=False, method=method, keep_dense_weight=True)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -145,5 +112,17 @@ class CausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [num_seqs, hidden] at each sequence's last scheduled position -> float32 logits."""
-        return self.lm_head(hidden).float()
+        """hidden: [num_seqs, hidden] at each sequence's last scheduled position -> float32 logits.
+
+        In bfloat16 / float16 the LM head's outputs are rounded to 8 (or 11) bits of mantissa, so the
+        best candidates often tie exactly. Their logits are recomputed with float32 accumulation
+        from the same weights (a few rows each), which makes such ties rare and the greedy choice
+        that of the unrounded model."""
+        logits = self.lm_head(hidden).float()
+        if hidden.dtype != torch.float32:
+            num_seqs, k = hidden.shape[0], min(REFINED_CANDIDATES, logits.shape[1])
+            ids = logits.topk(k, dim=-1).indices  # [num_seqs, k]
+            rows = self.lm_head.dense_weight().index_select(0, ids.flatten()).view(num_seqs, k, -1)
+            exact = torch.bmm(rows.float(), hidden.float().unsqueeze(2)).squeeze(2)  # [num_seqs, k]
+            logits.scatter_(1, ids, exact)
+        return logits

@@ -9,11 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from common.engine_config import EngineConfig
-from engine.forward_context import ForwardContext, forward_context
-from engine.llm_engine import LLMEngine
 from common.messages import SamplingParams
-from engine.request import Request
-from engine.scheduler import ScheduledBatch
+from engine.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
+from engine.core.request import Request
+from engine.llm_engine import LLMEngine
 
 TOL = 1e-4
 
@@ -31,23 +30,37 @@ def hf_logits(model_dir, ids: list[int]) -> torch.Tensor:
 
 
 def run_rows(engine: LLMEngine, entries: list[tuple[Request, int]]) -> list[torch.Tensor]:
-    """Run one forward over `entries` and return, per entry, logits at all of its rows."""
+    """Run one forward over `entries` through the runner's public steps (update_states,
+    prepare_inputs, forward) and return, per entry, logits at all of its rows. A request's
+    whole token list goes to the runner when it is first scheduled, so tokens past its prompt
+    are fed as if they had been sampled."""
+    so = SchedulerOutput([], [], {})
     for req, n in entries:
+        num_blocks_before = len(req.block_ids)
         assert engine.block_manager.allocate(req, n) == n
-    batch = ScheduledBatch(entries, sum(n for _, n in entries))
-    input_ids, positions, meta, _, _ = engine.runner._prepare(batch)
-    with torch.inference_mode(), forward_context(ForwardContext(meta, engine.runner.kv_caches)):
-        logits = engine.model.compute_logits(engine.model(input_ids, positions))
-    out, row = [], 0
+        if req.request_id not in engine.runner.batch.row_of:
+            so.new_requests.append(NewRequestData(req.request_id, list(req.token_ids), req.num_prompt_tokens,
+                                                  req.params, list(req.block_ids), req.num_computed_tokens))
+        else:
+            so.cached_requests.append(CachedRequestData(req.request_id, req.block_ids[num_blocks_before:],
+                                                        req.num_computed_tokens))
+        so.num_scheduled_tokens[req.request_id] = n
+    runner = engine.runner
+    with torch.inference_mode():
+        runner.update_states(so)
+        inputs = runner.prepare_inputs(so)
+        logits = engine.model.compute_logits(runner.forward(inputs))
+    qsl = inputs.attention.query_start_loc_np
+    rows = {rid: slice(int(qsl[i]), int(qsl[i + 1])) for i, rid in enumerate(inputs.request_ids)}
+    out = []
     for req, n in entries:
-        out.append(logits[row:row + n])
-        row += n
+        out.append(logits[rows[req.request_id]])
         req.num_computed_tokens += n
     return out
 
 
 def new_request(rid, ids):
-    return Request(rid, ids, SamplingParams(), 64, 0.0, None)
+    return Request(rid, ids, SamplingParams(), 64)
 
 
 def test_whole_prompt_prefill(tiny_model_dir):
@@ -79,17 +92,17 @@ def test_decode_batched_with_others(tiny_model_dir):
     ref = hf_logits(tiny_model_dir, a_ids)
     engine = make_engine(tiny_model_dir)
     a = new_request("a", a_ids[:12])
-    a.all_token_ids = list(a_ids)  # the rest are fed one by one as if sampled
+    a.token_ids = list(a_ids)  # the rest are fed one by one as if sampled
     reqs = [new_request(f"o{i}", ids) for i, ids in enumerate(others)]
+    for r in reqs[:2]:  # their decode tokens, known up front (fed as if sampled)
+        r.token_ids += torch.randint(3, 256, (8,), generator=g).tolist()
     run_rows(engine, [(a, 12), (reqs[0], 9), (reqs[1], 14)])
     late = reqs[2]
     for step in range(12, 20):
         entries = [(a, 1), (reqs[0], 1), (reqs[1], 1)]
-        for r in reqs[:2]:
-            r.all_token_ids.append(int(torch.randint(3, 256, (1,), generator=g)))
         if step == 14:
             entries.append((late, 16))  # a prefill chunk joins the same flat batch
-        elif step > 14 and late.num_computed_tokens < len(late.all_token_ids):
-            entries.append((late, len(late.all_token_ids) - late.num_computed_tokens))
+        elif step > 14 and late.num_computed_tokens < len(late.token_ids):
+            entries.append((late, len(late.token_ids) - late.num_computed_tokens))
         rows = run_rows(engine, entries)
         assert (rows[0][0] - ref[step]).abs().max().item() < TOL, f"position {step}"

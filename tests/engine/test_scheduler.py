@@ -1,4 +1,4 @@
-"""Scheduler and block manager on CPU with a fake runner (no model): budgets, leaks, prefix
+"""Scheduler and block manager on CPU with a fake runner and no model: budgets, leaks, prefix
 cache hits, preemption by recompute."""
 from __future__ import annotations
 
@@ -6,44 +6,63 @@ import random
 
 import pytest
 
-from engine.block_manager import BlockManager
-from common.engine_config import EngineConfig
-from engine.llm_engine import LLMEngine
 from common.messages import SamplingParams
-from engine.request import Request
-from engine.sampler import SamplerOutput
+from engine.core.block_manager import BlockManager
+from engine.core.engine_core import EngineCore
+from engine.core.outputs import RunnerOutput, SchedulerOutput
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
+
+VOCAB = 256
+BLOCK_SIZE = 16
 
 
 class FakeRunner:
     """Next token = a fixed function of the whole history, so a recomputed request must give the
-    same tokens as one that ran straight through. Records what each step scheduled."""
+    same tokens as one that ran straight through. It keeps its own copy of each request's state
+    from the scheduler's structs only, as the real runner does. Records what each step scheduled."""
 
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
+    def __init__(self, vocab_size: int, block_size: int):
+        self.vocab_size, self.block_size = vocab_size, block_size
         self.steps: list[list[tuple[str, int, int]]] = []  # (id, num_computed_before, num_new)
+        self.tokens: dict[str, list[int]] = {}
+        self.blocks: dict[str, list[int]] = {}
+        self.computed: dict[str, int] = {}
 
-    def execute(self, batch):
-        self.steps.append([(r.request_id, r.num_computed_tokens, n) for r, n in batch.entries])
-        for r, n in batch.entries:
-            assert r.num_computed_tokens + n <= r.num_tokens
-            assert len(r.block_ids) * 16 >= r.num_computed_tokens + n, "slots for every scheduled token"
-        done = [r for r, n in batch.entries if r.num_computed_tokens + n == r.num_tokens]
-        tokens = [3 + (sum(r.all_token_ids) * 31 + len(r.all_token_ids)) % (self.vocab_size - 3) for r in done]
-        return done, SamplerOutput(tokens, [None] * len(done))
+    def execute(self, so: SchedulerOutput) -> RunnerOutput:
+        for rid in so.finished_request_ids | so.preempted_request_ids:
+            self.blocks.pop(rid, None)
+            if rid in so.finished_request_ids:
+                self.tokens.pop(rid, None)
+        for new in so.new_requests:
+            assert new.request_id not in self.blocks, "a row given twice"
+            self.tokens[new.request_id] = list(new.token_ids)
+            self.blocks[new.request_id] = list(new.block_ids)
+            self.computed[new.request_id] = new.num_computed_tokens
+        for cached in so.cached_requests:
+            self.blocks[cached.request_id] += cached.new_block_ids
+            self.computed[cached.request_id] = cached.num_computed_tokens
+        self.steps.append([(rid, self.computed[rid], n) for rid, n in so.num_scheduled_tokens.items()])
+        done, sampled = [], []
+        for rid, n in so.num_scheduled_tokens.items():
+            tokens, computed = self.tokens[rid], self.computed[rid]
+            assert computed + n <= len(tokens)
+            assert len(self.blocks[rid]) * self.block_size >= computed + n, "slots for every scheduled token"
+            if computed + n == len(tokens):
+                token = 3 + (sum(tokens) * 31 + len(tokens)) % (self.vocab_size - 3)
+                tokens.append(token)
+                done.append(rid)
+                sampled.append([token])
+        return RunnerOutput(done, sampled)
 
 
 @pytest.fixture
-def engine(tiny_llama_dir):
-    def build(**kw):
-        values = dict(model=tiny_llama_dir, dtype="float32", device="cpu", block_size=16, max_model_len=256,
-                      max_num_batched_tokens=64, max_num_seqs=8, kv_cache_memory=None)
-        values.update(kw)
-        cfg = EngineConfig(**values)
-        if cfg.kv_cache_memory is None:
-            cfg = cfg.replace(kv_cache_memory=48 * 16 * 2 * 3 * 2 * 16 * 4)  # 48 blocks of the tiny model
-        eng = LLMEngine(cfg)
-        eng.runner = FakeRunner(eng.vocab_size)
-        return eng
+def engine():
+    def build(num_blocks=48, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=8,
+              enable_prefix_caching=True):
+        bm = BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching)
+        scheduler = Scheduler(bm, max_num_seqs, max_num_batched_tokens, max_model_len, eos_token_ids={2})
+        return EngineCore(scheduler, FakeRunner(VOCAB, BLOCK_SIZE), VOCAB, max_model_len)
     return build
 
 
@@ -97,7 +116,7 @@ def test_preempted_request_resumes_to_same_output(engine):
     expected = run_all(roomy)
     assert roomy.scheduler.num_preemptions == 0
     # 20 blocks of 16 cannot hold six sequences of ~110 tokens: preemption must happen.
-    tight = engine(kv_cache_memory=20 * 16 * 2 * 3 * 2 * 16 * 4, max_model_len=128, enable_prefix_caching=False)
+    tight = engine(num_blocks=20, max_model_len=128, enable_prefix_caching=False)
     for i, p in enumerate(ps):
         tight.add_request(f"r{i}", p, params)
     got = run_all(tight)
@@ -115,7 +134,7 @@ def test_repeated_prompt_hits_prefix_cache(engine):
     deltas = []
     while eng.has_unfinished():
         deltas += eng.step()
-    assert deltas[-1].num_cached_tokens == 64  # 4 full blocks of 16 out of 70 tokens
+    assert deltas[0].num_cached_tokens == 64  # 4 full blocks of 16 out of 70 tokens (sent on the first delta)
     first_b = next(step for step in eng.runner.steps if step[0][0] == "b")
     assert first_b == [("b", 64, 6)]
     assert eng.block_manager.prefix_hits == 64
@@ -123,20 +142,20 @@ def test_repeated_prompt_hits_prefix_cache(engine):
 
 def test_block_manager_lru_eviction_and_refcounts():
     bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
-    a = Request("a", [1, 2, 3, 4, 5], SamplingParams(), 4, 0.0, None)
+    a = Request("a", [1, 2, 3, 4, 5], SamplingParams(), 4)
     assert bm.allocate(a, 5) == 5
     a.num_computed_tokens = 5
     bm.cache_full_blocks(a)
-    b = Request("b", [1, 2, 3, 4, 9], SamplingParams(), 4, 0.0, None)
+    b = Request("b", [1, 2, 3, 4, 9], SamplingParams(), 4)
     assert bm.allocate(b, 5) == 1 and b.num_computed_tokens == 4  # shares both full blocks
     assert bm.ref_counts[a.block_ids[0]] == 2
     bm.free(a)
     bm.free(b)
     assert bm.num_free_blocks == 4 and len(bm.hash_to_block) == 2
-    c = Request("c", [7, 7, 7, 7, 7, 7, 7], SamplingParams(), 1, 0.0, None)
+    c = Request("c", [7, 7, 7, 7, 7, 7, 7], SamplingParams(), 1)
     assert bm.allocate(c, 7) == 7  # needs all 4 blocks: cached ones are evicted
     assert len(bm.hash_to_block) == 0
-    assert bm.allocate(Request("d", [1], SamplingParams(), 1, 0.0, None), 1) is None
+    assert bm.allocate(Request("d", [1], SamplingParams(), 1), 1) is None
 
 
 def test_finished_status_and_length_limit(engine):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from engine.request import Request
+from engine.core.request import Request
+from engine.utils import cdiv
 
 
 class BlockManager:
@@ -23,10 +24,6 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         # block id -> None; every block with ref count 0, least recently freed first
         self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        # request id -> hashes of its full blocks, in order (extended as blocks fill)
-        self.request_hashes: dict[str, list[int]] = {}
-        # request id -> how many of its leading blocks cache_full_blocks has already handled
-        self.num_registered: dict[str, int] = {}
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens found
 
@@ -42,7 +39,7 @@ class BlockManager:
         return 1.0 - self.num_free_blocks / self.num_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
     # ---- allocation -------------------------------------------------------------------
 
@@ -73,7 +70,7 @@ class BlockManager:
             self.prefix_queries += req.num_tokens
             self.prefix_hits += num_computed
             req.num_computed_tokens = num_computed
-            if not req.output_token_ids:  # a resumed request keeps its first figure
+            if not req.num_output_tokens:  # a resumed request keeps its first figure
                 req.num_cached_tokens = num_computed
         return num_new_tokens
 
@@ -85,15 +82,14 @@ class BlockManager:
             if self.ref_counts[b] == 0:
                 self.free_blocks[b] = None
         req.block_ids = []
-        self.request_hashes.pop(req.request_id, None)
-        self.num_registered.pop(req.request_id, None)
+        req.num_registered_blocks = 0
 
     def cache_full_blocks(self, req: Request) -> None:
         """Register the hashes of `req`'s blocks that became full of computed tokens since the
         last call (called every step, so only the new blocks are looked at)."""
         if not self.enable_prefix_caching:
             return
-        done = self.num_registered.get(req.request_id, 0)
+        done = req.num_registered_blocks
         num_full = req.num_computed_tokens // self.block_size
         if num_full <= done:
             return
@@ -103,19 +99,19 @@ class BlockManager:
             if self.block_hash[b] is None and h not in self.hash_to_block:
                 self.block_hash[b] = h
                 self.hash_to_block[h] = b
-        self.num_registered[req.request_id] = num_full
+        req.num_registered_blocks = num_full
 
     def reset_prefix_cache(self) -> None:
+        """Forget every cached block hash (the scheduler has running requests register again)."""
         for b in list(self.hash_to_block.values()):
             self._forget_hash(b)
-        self.num_registered.clear()  # running requests register their full blocks again
 
     # ---- internals --------------------------------------------------------------------
 
     def _hashes(self, req: Request, num_full_blocks: int) -> list[int]:
         """The request's block-hash chain, extended to at least `num_full_blocks` entries."""
-        hashes = self.request_hashes.setdefault(req.request_id, [])
-        tokens, bs = req.all_token_ids, self.block_size
+        hashes = req.block_hashes  # they depend on the tokens only, so they outlive a preemption
+        tokens, bs = req.token_ids, self.block_size
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else None

@@ -1,0 +1,63 @@
+"""The seam between the model runner and an attention implementation.
+
+The runner describes a step with kernel-agnostic inputs (`StepInputs`); a backend turns them into
+whatever metadata its kernel wants (`build_metadata`), stores this step's K/V and attends
+(`forward`), and owns the KV cache layout (`kv_cache_shape`). The models call
+`engine.attention.paged_attention`, which reaches the backend through the forward context, so a
+native CPU kernel or a CUDA kernel plugs in without touching the models or the runner.
+
+A backend may want the scheduled requests in a particular order (the torch backend batches the
+one-token queries together): it says so in `order_requests`, and the runner lays the flat batch
+out in that order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+
+@dataclass
+class StepInputs:
+    """One step's flat batch, requests in the backend's order. Host copies (numpy) are there so a
+    backend can plan without reading the device."""
+
+    num_reqs: int
+    num_tokens: int
+    block_size: int
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32, device: request i owns rows [qsl[i], qsl[i+1])
+    query_start_loc_np: np.ndarray
+    seq_lens: torch.Tensor  # [num_reqs] int32, device: tokens in the cache after this step
+    seq_lens_np: np.ndarray
+    num_computed_tokens_np: np.ndarray  # [num_reqs]: tokens in the cache before this step
+    positions: torch.Tensor  # [num_tokens] int64, device
+    slot_mapping: torch.Tensor  # [num_tokens] int64, device: block * block_size + offset
+    # [num_reqs, max_blocks_this_step] int32, device: each request's block ids, padded with 0
+    block_table: torch.Tensor
+
+    @property
+    def query_lens_np(self) -> np.ndarray:
+        return np.diff(self.query_start_loc_np)
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """Shape of one layer's K (and of its V) cache tensor."""
+        ...
+
+    def order_requests(self, query_lens: np.ndarray) -> np.ndarray | None:
+        """A permutation of the scheduled requests for this step, or None to keep their order."""
+        ...
+
+    def build_metadata(self, inputs: StepInputs) -> Any:
+        ...
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: Any, scale: float) -> torch.Tensor:
+        """q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] (this step's,
+        written into the cache here). Returns [num_tokens, heads, head_dim]."""
+        ...

@@ -1,0 +1,149 @@
+"""Paged attention over the flat mixed batch in plain torch ops (CPU and CUDA alike).
+
+Cache layout per layer: K and V each [kv_heads, num_blocks, block_size, head_dim], so gathering a
+sequence's blocks with `index_select` yields [kv_heads, num_keys, head_dim] contiguously, the
+shape attention wants, with no transpose copy (advanced indexing is far slower on CPU).
+
+One-token queries (decodes, and one-token prefill chunks: a query at position p attends to keys
+0..p either way) are attended as one batch of small matmuls over [kv_heads * num_seqs] with a
+length mask; this backend asks the runner to put them first in the batch. Longer chunks are
+attended one sequence at a time (a step holds few, bounded by the token budget) with SDPA: plain
+causal attention when the chunk is the whole sequence, a prepared mask when it follows cached
+tokens. GQA is handled by grouping query heads per KV head, never by copying K/V per query head.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.attention.base import StepInputs
+from engine.utils import cdiv
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence's chunk of more than one query: rows [query_start, query_start + query_len)."""
+
+    query_start: int
+    query_len: int
+    context_len: int  # tokens of this sequence in the cache after this step (cached + chunk)
+    block_ids: torch.Tensor  # [cdiv(context_len, block_size)] int32, on the device
+    # [query_len, context_len] bool, True = may attend; None when the chunk is the whole
+    # sequence (nothing cached before it), where plain causal attention applies.
+    mask: torch.Tensor | None
+
+
+@dataclass
+class TorchPagedMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    num_single_queries: int  # the leading requests, one query row each
+    single_block_tables: torch.Tensor | None  # [num_single_queries, max_blocks] int32
+    # [kv_heads * num_single_queries, 1, max_blocks * block_size] bool, True past a sequence's end
+    single_mask: torch.Tensor | None
+    chunks: list[PrefillChunk]
+
+
+class TorchPagedBackend:
+    name = "torch-paged"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.block_size = block_size
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return (self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
+
+    def order_requests(self, query_lens: np.ndarray) -> np.ndarray | None:
+        """One-query requests first (stable), so they form one contiguous batch of rows."""
+        single = query_lens == 1
+        if single.all() or not single.any() or single[: int(single.sum())].all():
+            return None  # already in that order
+        return np.argsort(~single, kind="stable")
+
+    def build_metadata(self, inputs: StepInputs) -> TorchPagedMetadata:
+        query_lens = inputs.query_lens_np
+        num_single = int(np.argmin(query_lens == 1)) if (query_lens != 1).any() else inputs.num_reqs
+        assert (query_lens[num_single:] > 1).all(), "one-query requests must come first (order_requests)"
+        bs, device = self.block_size, inputs.positions.device
+        meta = TorchPagedMetadata(inputs.slot_mapping, num_single, None, None, [])
+        if num_single:
+            lens = inputs.seq_lens[:num_single]
+            width = cdiv(int(inputs.seq_lens_np[:num_single].max()), bs)
+            meta.single_block_tables = inputs.block_table[:num_single, :width]
+            past_end = torch.arange(width * bs, device=device).unsqueeze(0) >= lens.unsqueeze(1)  # [seqs, keys]
+            meta.single_mask = past_end.repeat(self.num_kv_heads, 1).unsqueeze(1)
+        qsl = inputs.query_start_loc_np
+        for i in range(num_single, inputs.num_reqs):
+            start, end = int(inputs.num_computed_tokens_np[i]), int(inputs.seq_lens_np[i])
+            mask = None
+            if start > 0:  # queries at positions start..end-1 see keys 0..their own position
+                q_pos = torch.arange(start, end, device=device).unsqueeze(1)
+                mask = torch.arange(end, device=device).unsqueeze(0) <= q_pos  # [query_len, context_len]
+            meta.chunks.append(PrefillChunk(int(qsl[i]), end - start, end, inputs.block_table[i, : cdiv(end, bs)],
+                                            mask))
+        return meta
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: TorchPagedMetadata,
+                scale: float) -> torch.Tensor:
+        k_cache, v_cache = kv_cache
+        write_kv(k_cache, v_cache, k, v, metadata.slot_mapping)
+        num_single = metadata.num_single_queries
+        if num_single == q.shape[0]:
+            return self._single_query_attention(q, k_cache, v_cache, metadata, scale)
+        out = torch.empty_like(q)
+        if num_single:
+            out[:num_single] = self._single_query_attention(q[:num_single], k_cache, v_cache, metadata, scale)
+        for chunk in metadata.chunks:
+            rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
+            if chunk.mask is None:  # whole sequence in this step: its keys are this step's keys
+                kc, vc = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
+            else:
+                kc = gather_blocks(k_cache, chunk.block_ids)[:, : chunk.context_len]
+                vc = gather_blocks(v_cache, chunk.block_ids)[:, : chunk.context_len]
+            out[rows] = _chunk_attention(q[rows], kc, vc, chunk.mask, scale)
+        return out
+
+    def _single_query_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                metadata: TorchPagedMetadata, scale: float) -> torch.Tensor:
+        """One query per sequence. q: [num_seqs, heads, head_dim]."""
+        assert metadata.single_block_tables is not None and metadata.single_mask is not None
+        num_seqs, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[0]
+        group = num_heads // num_kv_heads
+        flat_tables = metadata.single_block_tables.flatten()
+        keys = gather_blocks(k_cache, flat_tables).view(num_kv_heads * num_seqs, -1, head_dim)  # [kvh*seqs, keys, hd]
+        values = gather_blocks(v_cache, flat_tables).view(num_kv_heads * num_seqs, -1, head_dim)
+        # query heads grouped under their KV head: [kv_heads * num_seqs, group, head_dim]
+        qg = q.view(num_seqs, num_kv_heads, group, head_dim).transpose(0, 1).reshape(-1, group, head_dim)
+        scores = torch.bmm(qg, keys.transpose(1, 2)).float() * scale  # [kvh*seqs, group, keys]
+        scores.masked_fill_(metadata.single_mask, float("-inf"))
+        probs = scores.softmax(dim=-1).to(q.dtype)
+        out = torch.bmm(probs, values)  # [kvh*seqs, group, head_dim]
+        return out.view(num_kv_heads, num_seqs, group, head_dim).transpose(0, 1).reshape(num_seqs, num_heads, head_dim)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store this step's K/V ([num_tokens, kv_heads, head_dim]) at their cache slots."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, k.transpose(0, 1))
+    v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, v.transpose(0, 1))
+
+
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """[kv_heads, num_blocks, block_size, head_dim] -> [kv_heads, len(block_ids) * block_size, head_dim]."""
+    num_kv_heads, num_blocks, block_size, head_dim = cache.shape
+    picked = cache.view(num_kv_heads, num_blocks, block_size * head_dim).index_select(1, block_ids)
+    return picked.view(num_kv_heads, -1, head_dim)
+
+
+def _chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                     scale: float) -> torch.Tensor:
+    """q: [query_len, heads, head_dim]; k, v: [kv_heads, context_len, head_dim]."""
+    o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                       attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True)
+    return o.squeeze(0).transpose(0, 1)

@@ -1,0 +1,65 @@
+"""add_request / abort / step / has_unfinished over a scheduler and a model runner.
+
+One step is `schedule()` -> `runner.execute()` -> `update()`; it returns one TokenDelta per
+request that produced tokens or finished. Bad parameters raise InvalidRequest (a ValueError
+naming the field) in add_request, before anything reaches the scheduler. The runner is anything
+with `execute(SchedulerOutput) -> RunnerOutput`, so the scheduler is testable without a model.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from common.messages import EngineStats, SamplingParams, TokenDelta
+from common.validation import validate_prompt, validate_sampling_params
+from engine.core.outputs import RunnerOutput, SchedulerOutput
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
+
+
+class Runner(Protocol):
+    def execute(self, so: SchedulerOutput) -> RunnerOutput: ...
+
+
+class EngineCore:
+    def __init__(self, scheduler: Scheduler, runner: Runner, vocab_size: int, max_model_len: int):
+        self.scheduler = scheduler
+        self.runner = runner
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+
+    @property
+    def requests(self) -> dict[str, Request]:
+        return self.scheduler.requests
+
+    @property
+    def block_manager(self):
+        return self.scheduler.block_manager
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request_id {request_id!r} is already running")
+        validate_sampling_params(sampling_params, self.vocab_size)
+        if sampling_params.n != 1:
+            raise ValueError("n: the engine runs one sequence per request; fan out with common.parallel_sampling")
+        max_tokens = validate_prompt(prompt_token_ids, self.vocab_size, sampling_params.max_tokens, self.max_model_len)
+        self.scheduler.add_request(Request(request_id, prompt_token_ids, sampling_params, max_tokens, arrival_time))
+
+    def abort(self, request_id: str) -> bool:
+        """Free everything the request holds at once; False for an unknown (or finished) id."""
+        return self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[TokenDelta]:
+        so = self.scheduler.schedule()
+        if not so.has_work_for_runner:
+            return []
+        return self.scheduler.update(so, self.runner.execute(so))
+
+    def stats(self) -> EngineStats:
+        s, bm = self.scheduler, self.scheduler.block_manager
+        return EngineStats(num_running=len(s.running), num_waiting=len(s.waiting), kv_cache_usage=bm.usage,
+                           prefix_cache_queries=bm.prefix_queries, prefix_cache_hits=bm.prefix_hits,
+                           num_preemptions=s.num_preemptions)

@@ -1,0 +1,60 @@
+"""The scheduler's state for one sequence: its tokens, progress, blocks, and why it stopped."""
+from __future__ import annotations
+
+import enum
+import time
+
+from common.messages import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # new, or preempted and waiting to recompute its tokens
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """`num_computed_tokens` chases `num_tokens`: what the KV cache holds vs what exists."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 max_tokens: int, arrival_time: float | None = None):
+        assert prompt_token_ids, "empty prompt"
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)  # the prompt, then every output token
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.max_tokens = max_tokens  # resolved against max_model_len at admission
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first schedule
+        self.num_preemptions = 0
+        self.scheduled_once = False  # left the waiting queue at least once (queue-time metric)
+        self.block_ids: list[int] = []
+        # Prefix-cache bookkeeping: hashes of the full blocks so far, in order (extended as they
+        # fill), and how many leading blocks were offered to the cache already.
+        self.block_hashes: list[int] = []
+        self.num_registered_blocks = 0
+        self.stop_token_ids: set[int] = set()  # the ids that end it (set by the scheduler)
+        self.finish_reason: str | None = None
+        self.stop_reason: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.value}, computed={self.num_computed_tokens}/"
+                f"{self.num_tokens}, blocks={len(self.block_ids)})")

@@ -1,0 +1,178 @@
+"""Continuous batching under a token budget, with chunked prefill and preemption by recompute.
+
+One rule per step: spend `max_num_batched_tokens` on running requests first (a decode costs
+one token, an unfinished prefill costs its next chunk), then admit waiting requests in arrival
+order while budget, `max_num_seqs` and free blocks allow. When a running request cannot get a
+block, the newest running request is preempted: its blocks are freed and it waits again at the
+front of the queue, to be recomputed from its prompt and the tokens it already produced.
+
+`schedule()` says what runs (a `SchedulerOutput`: new requests with their data once, then diffs);
+`update()` reads back what the runner sampled, advances progress, registers full blocks in the
+prefix cache and applies the stop rules, returning one TokenDelta per request that got tokens.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from common.messages import TokenDelta, TokenLogprob
+from engine.core.block_manager import BlockManager
+from engine.core.outputs import CachedRequestData, NewRequestData, RunnerOutput, SchedulerOutput
+from engine.core.request import Request, RequestStatus
+from engine.core.stop import stop_token_ids
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, eos_token_ids: set[int]):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # oldest first; the newest is preempted first
+        self.num_preemptions = 0
+        self.queue_times: list[float] = []  # seconds from arrival to first schedule, not yet reported
+        self._finished_ids: set[str] = set()  # finished or aborted since the last schedule()
+
+    def add_request(self, req: Request) -> None:
+        assert req.request_id not in self.requests, f"{req.request_id} is already scheduled"
+        req.stop_token_ids = stop_token_ids(req.params, self.eos_token_ids)
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def abort(self, request_id: str) -> bool:
+        """Free everything the request holds at once; False for an unknown (or finished) id."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        self.finish(req, "abort")
+        return True
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        out = SchedulerOutput([], [], {}, self._finished_ids)
+        self._finished_ids = set()
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_blocks_before = len(req.block_ids)
+            want = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = self.block_manager.allocate(req, want)
+            while num_new is None:
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted_request_ids.add(victim.request_id)
+                if victim is req:
+                    break
+                num_new = self.block_manager.allocate(req, want)
+            if num_new is None:
+                break  # req preempted itself: nothing after it in `running` remains
+            out.cached_requests.append(CachedRequestData(req.request_id, req.block_ids[num_blocks_before:],
+                                                         req.num_computed_tokens))
+            out.num_scheduled_tokens[req.request_id] = num_new
+            budget -= num_new
+            i += 1
+        # A step that had to preempt admits nobody: the pool is already short.
+        now = time.time()
+        while (self.waiting and not out.preempted_request_ids and budget > 0
+               and len(self.running) < self.max_num_seqs):
+            req = self.waiting[0]
+            num_new = self.block_manager.allocate(req, min(req.num_tokens, budget))
+            if num_new is None:
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            if not req.scheduled_once:
+                req.scheduled_once = True
+                self.queue_times.append(now - req.arrival_time)
+            out.new_requests.append(NewRequestData(req.request_id, list(req.token_ids), req.num_prompt_tokens,
+                                                   req.params, list(req.block_ids), req.num_computed_tokens))
+            out.num_scheduled_tokens[req.request_id] = num_new
+            budget -= num_new
+        return out
+
+    def update(self, so: SchedulerOutput, ro: RunnerOutput) -> list[TokenDelta]:
+        """Progress for every scheduled request, then the sampled tokens and the stop rules."""
+        for request_id, num_new in so.num_scheduled_tokens.items():
+            req = self.requests[request_id]
+            req.num_computed_tokens += num_new
+            self.block_manager.cache_full_blocks(req)
+        deltas = []
+        for i, request_id in enumerate(ro.request_ids):
+            req = self.requests[request_id]
+            first_delta = req.num_output_tokens == 0
+            accepted: list[int] = []
+            for token in ro.sampled_token_ids[i]:
+                req.token_ids.append(token)
+                accepted.append(token)
+                if self._check_stop(req, token):
+                    break
+            deltas.append(TokenDelta(
+                request_id=request_id, new_token_ids=accepted, logprobs=_logprobs(ro, i, len(accepted)),
+                finish_reason=req.finish_reason, stop_reason=req.stop_reason,
+                num_cached_tokens=req.num_cached_tokens if first_delta else None))
+        return deltas
+
+    def finish(self, req: Request, reason: str, stop_reason: int | None = None) -> None:
+        """Take a request out of the scheduler (finished or aborted) and free its blocks."""
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status == RequestStatus.WAITING:
+            self.waiting.remove(req)
+        self.block_manager.free(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.stop_reason = stop_reason
+        del self.requests[req.request_id]
+        self._finished_ids.add(req.request_id)
+
+    def take_queue_times(self) -> list[float]:
+        times, self.queue_times = self.queue_times, []
+        return times
+
+    def reset_prefix_cache(self) -> None:
+        self.block_manager.reset_prefix_cache()
+        for req in self.running:
+            req.num_registered_blocks = 0  # they register their full blocks again
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _check_stop(self, req: Request, token: int) -> bool:
+        reason, stop_reason = None, None
+        if req.num_output_tokens >= req.params.min_tokens and token in req.stop_token_ids:
+            reason = "stop"
+            stop_reason = token if token in req.params.stop_token_ids else None
+        if reason is None and (req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len):
+            reason = "length"
+        if reason is None:
+            return False
+        self.finish(req, reason, stop_reason)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.block_manager.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.WAITING
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+
+
+def _logprobs(ro: RunnerOutput, i: int, num_accepted: int) -> list[list[TokenLogprob]] | None:
+    """The runner's logprob arrays for request i, as TokenLogprob entries of its accepted tokens."""
+    if ro.logprobs is None or ro.logprob_token_ids is None:
+        return None
+    ids, values = ro.logprob_token_ids[i], ro.logprobs[i]
+    if ids is None or values is None:
+        return None
+    return [[TokenLogprob(t, v) for t, v in zip(ids[j], values[j])] for j in range(num_accepted)]

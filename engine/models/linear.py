@@ -1,0 +1,114 @@
+"""Linear layers that own their weights, and the methods that store and apply them.
+
+A layer creates its parameters through its `LinearMethod`, loads checkpoint tensors through its
+own `weight_loader` (a merged layer places each checkpoint matrix in its slice of the stacked
+weight), and lets the method rework the loaded weight once (`process_weights_after_loading`), for
+example into oneDNN's packed layout. The reworked weight stays a parameter of the model, so
+`named_parameters()` still lists every weight, whatever its storage.
+
+Methods: `DenseMethod` (torch's own matmul; CUDA, and CPUs without a packed path) and
+`OneDnnPackedMethod` (weights pre-packed once for oneDNN, which reads them faster for the
+small-M matmuls of decode; the platform decides which one runs, see `engine/platform.py`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LinearMethod:
+    """Dense weights [out, in] applied with F.linear."""
+
+    name = "dense"
+
+    def create_weights(self, layer: "Linear") -> None:
+        layer.weight = nn.Parameter(torch.empty(layer.output_size, layer.input_size), requires_grad=False)
+        layer.bias = nn.Parameter(torch.empty(layer.output_size), requires_grad=False) if layer.has_bias else None
+
+    def process_weights_after_loading(self, layer: "Linear") -> None:
+        pass
+
+    def apply(self, layer: "Linear", x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, layer.weight, layer.bias)
+
+    def dense_weight(self, layer: "Linear") -> torch.Tensor:
+        """The weight as a plain [out, in] tensor (for row lookups such as the LM head's)."""
+        return layer.weight
+
+
+class DenseMethod(LinearMethod):
+    pass
+
+
+class OneDnnPackedMethod(LinearMethod):
+    """Weights reordered once into oneDNN's blocked layout for a typical batch size (bf16 uses the
+    CPU's AVX512-BF16 / AMX units where oneDNN finds them)."""
+
+    name = "onednn-packed"
+
+    def __init__(self, batch_hint: int):
+        self.batch_hint = batch_hint
+
+    def process_weights_after_loading(self, layer: "Linear") -> None:
+        dense = layer.weight.detach()
+        if layer.keep_dense_weight:
+            layer.dense = dense  # for row lookups; for a tied LM head this is the embedding itself
+        packed = torch.ops.mkldnn._reorder_linear_weight(dense, self.batch_hint)
+        layer.weight = nn.Parameter(packed, requires_grad=False)
+
+    def apply(self, layer: "Linear", x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "none", [], "")
+
+    def dense_weight(self, layer: "Linear") -> torch.Tensor:
+        assert layer.dense is not None, "packed layer without a dense copy (keep_dense_weight=False)"
+        return layer.dense
+
+
+class Linear(nn.Module):
+    def __init__(self, input_size: int, output_size: int, bias: bool, method: LinearMethod,
+                 keep_dense_weight: bool = False):
+        super().__init__()
+        self.input_size, self.output_size, self.has_bias = input_size, output_size, bias
+        self.method = method
+        self.keep_dense_weight = keep_dense_weight
+        self.dense: torch.Tensor | None = None
+        self.weight: nn.Parameter
+        self.bias: nn.Parameter | None
+        method.create_weights(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.apply(self, x)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        assert shard_id is None, f"{type(self).__name__} has no shards"
+        assert param.shape == loaded.shape, f"shape {tuple(loaded.shape)} for a parameter of {tuple(param.shape)}"
+        param.data.copy_(loaded)
+
+    def process_weights_after_loading(self) -> None:
+        self.method.process_weights_after_loading(self)
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.method.dense_weight(self)
+
+    def extra_repr(self) -> str:
+        return f"in={self.input_size}, out={self.output_size}, bias={self.has_bias}, method={self.method.name}"
+
+
+class MergedLinear(Linear):
+    """Several checkpoint matrices stacked along the output dimension (q/k/v, or gate/up), so one
+    matmul computes them all. `shards` maps each checkpoint shard id to its output size."""
+
+    def __init__(self, input_size: int, shards: dict[str | int, int], bias: bool, method: LinearMethod):
+        self.shard_offsets: dict[str | int, tuple[int, int]] = {}
+        offset = 0
+        for shard_id, size in shards.items():
+            self.shard_offsets[shard_id] = (offset, size)
+            offset += size
+        super().__init__(input_size, offset, bias, method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        assert shard_id in self.shard_offsets, f"unknown shard {shard_id!r}"
+        start, size = self.shard_offsets[shard_id]
+        assert loaded.shape[0] == size, f"shard {shard_id!r}: {loaded.shape[0]} rows, expected {size}"
+        param.data[start:start + size].copy_(loaded)

@@ -1,0 +1,156 @@
+"""Every per-device decision in one place: device and dtype, threads, what the CPU can do, the
+KV cache's memory budget, the attention backend and the linear method. The engine asks its
+`Platform` and logs the choices once at start-up (vLLM's `current_platform`, in small).
+
+The development machines vary between CPUs (an Intel Xeon with AMX, an AMD Zen 4 with AVX-512
+BF16 and VNNI but no AMX), so the CPU's features are detected, never assumed.
+"""
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from common.engine_config import EngineConfig
+from engine.host_limits import available_host_memory, limit_torch_threads
+from engine.models.linear import DenseMethod, LinearMethod, OneDnnPackedMethod
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Like vLLM's CPU backend: more KV cache is seldom usable by a CPU and costs seconds to zero.
+CPU_KV_CACHE_MAX_BYTES = 4 << 30
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    isa: str  # torch's view of the vector unit: "AVX512", "AVX2", "DEFAULT", ...
+    avx512_bf16: bool
+    avx512_vnni: bool
+    amx_bf16: bool
+    amx_int8: bool
+    onednn_bf16: bool  # oneDNN has a bf16 path on this CPU (AVX512-BF16 or AMX)
+
+    @classmethod
+    def detect(cls) -> "CpuFeatures":
+        flags = _cpu_flags()
+        return cls(isa=torch.backends.cpu.get_cpu_capability(), avx512_bf16="avx512_bf16" in flags,
+                   avx512_vnni="avx512_vnni" in flags, amx_bf16="amx_bf16" in flags, amx_int8="amx_int8" in flags,
+                   onednn_bf16=torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+    def describe(self) -> str:
+        names = [n for n, on in (("avx512_bf16", self.avx512_bf16), ("avx512_vnni", self.avx512_vnni),
+                                 ("amx_bf16", self.amx_bf16), ("amx_int8", self.amx_int8)) if on]
+        return f"{self.isa} ({', '.join(names) or 'no bf16/int8 extensions'})"
+
+
+class Platform(abc.ABC):
+    attention_backend = "torch-paged"
+
+    def __init__(self, device: torch.device, dtype: torch.dtype):
+        self.device, self.dtype = device, dtype
+
+    @staticmethod
+    def create(device_name: str, dtype_name: str) -> "Platform":
+        device = resolve_device(device_name)
+        if device.type == "cuda":
+            return CudaPlatform(device, resolve_dtype(dtype_name, device))
+        return CpuPlatform(device, resolve_dtype(dtype_name, device))
+
+    def configure_threads(self) -> None:
+        pass
+
+    @abc.abstractmethod
+    def available_memory(self) -> int:
+        """Bytes the engine may still allocate on its device."""
+
+    @abc.abstractmethod
+    def kv_cache_budget(self, config: EngineConfig) -> int:
+        """Bytes for the KV cache: --kv-cache-memory when given, else the device's default share."""
+
+    def linear_method(self, batch_hint: int) -> LinearMethod:
+        return DenseMethod()
+
+    def describe(self, batch_hint: int) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (f"{self.device} {dtype}: attention {self.attention_backend}, "
+                f"linears {self.linear_method(batch_hint).name}")
+
+
+class CpuPlatform(Platform):
+    def __init__(self, device: torch.device, dtype: torch.dtype):
+        super().__init__(device, dtype)
+        self.features = CpuFeatures.detect()
+
+    def configure_threads(self) -> None:
+        limit_torch_threads()
+
+    def available_memory(self) -> int:
+        return available_host_memory()
+
+    def kv_cache_budget(self, config: EngineConfig) -> int:
+        if config.kv_cache_memory is not None:
+            return config.kv_cache_memory
+        return min(int(self.available_memory() * config.cpu_kv_cache_fraction), CPU_KV_CACHE_MAX_BYTES)
+
+    def linear_method(self, batch_hint: int) -> LinearMethod:
+        # oneDNN's packed weights read 1.5-2x faster than torch's default path for decode-sized
+        # matmuls (`python -m engine.bench` measures the whole engine); bf16 needs oneDNN's bf16
+        # path (AVX512-BF16 or AMX), float32 runs packed everywhere oneDNN does.
+        if not torch.backends.mkldnn.is_available():
+            return DenseMethod()
+        if self.dtype == torch.float32 or (self.dtype == torch.bfloat16 and self.features.onednn_bf16):
+            return OneDnnPackedMethod(batch_hint)
+        return DenseMethod()
+
+    def describe(self, batch_hint: int) -> str:
+        return f"{super().describe(batch_hint)}; CPU {self.features.describe()}, {torch.get_num_threads()} threads"
+
+
+class CudaPlatform(Platform):
+    def available_memory(self) -> int:
+        free, _total = torch.cuda.mem_get_info(self.device)
+        return free
+
+    def kv_cache_budget(self, config: EngineConfig) -> int:
+        if config.kv_cache_memory is not None:
+            return config.kv_cache_memory
+        return int(self.available_memory() * config.gpu_memory_utilization)
+
+    def describe(self, batch_hint: int) -> str:
+        return f"{super().describe(batch_hint)}; {torch.cuda.get_device_name(self.device)}"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} was asked for, but CUDA is not available")
+    if name not in ("cpu",) and not name.startswith("cuda"):
+        raise ValueError(f"unknown device {name!r}: use cpu, cuda or auto")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # bfloat16 on both: it halves the weight bytes a decode step reads, and CPUs with
+        # AVX512-BF16 / AMX run its batched matmuls faster (the README's benchmark table).
+        return torch.bfloat16
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}: use one of {sorted(_DTYPES)} or auto")
+    if name == "float16" and device.type == "cpu":
+        raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
+    return _DTYPES[name]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()

@@ -1,0 +1,151 @@
+"""Turns a SchedulerOutput into one flat forward pass and samples the next tokens.
+
+Per step: update the persistent batch from the scheduler's diffs (`update_states`), lay the
+scheduled requests out in the attention backend's order and build the flat inputs with vectorised
+index arithmetic (`prepare_inputs`), run the model (`forward`), and sample at each request's last
+scheduled row when that row reaches the end of its known tokens (a partial prefill chunk samples
+nothing). The runner never sees the scheduler's `Request` objects: it keeps its own per-request
+state (the seeded generator survives a preemption) and reads only plain structs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention.base import AttentionBackend, StepInputs
+from engine.attention.forward_context import ForwardContext, forward_context
+from engine.core.outputs import RunnerOutput, SchedulerOutput
+from engine.models.llama import CausalLM
+from engine.runner.buffers import CpuGpuBuffer
+from engine.runner.input_batch import InputBatch
+from engine.sample.sampler import Sampler
+from engine.utils import cdiv
+
+
+@dataclass
+class ModelInputs:
+    request_ids: list[str]  # the scheduled requests in batch order (request i: rows qsl[i]..qsl[i+1])
+    input_ids: torch.Tensor  # [num_tokens] int32
+    positions: torch.Tensor  # [num_tokens] int64
+    attention: StepInputs
+    logits_indices: torch.Tensor  # [num_sampled] int64: the rows whose logits are sampled
+    sampled_request_ids: list[str]
+    sampled_rows: np.ndarray  # [num_sampled] batch rows, in the order of logits_indices
+    sampled_rows_dev: torch.Tensor
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 backend: AttentionBackend, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, device: torch.device, eos_token_ids: set[int], seed: int):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.backend = backend
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.device = device
+        self.batch = InputBatch(max_num_seqs, max_model_len, block_size, model.arch.vocab_size, device, eos_token_ids)
+        # request id -> its generator (seeded requests only), kept from its first schedule to its end
+        self.generators: dict[str, torch.Generator] = {}
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed)
+        self.sampler = Sampler(generator)
+        # staging for the per-step inputs (pinned on CUDA, the same memory on CPU)
+        self._token_index = CpuGpuBuffer(max_num_batched_tokens, torch.int64, device)
+        self._positions = CpuGpuBuffer(max_num_batched_tokens, torch.int64, device)
+        self._slots = CpuGpuBuffer(max_num_batched_tokens, torch.int64, device)
+        self._query_start_loc = CpuGpuBuffer(max_num_seqs + 1, torch.int32, device)
+        self._seq_lens = CpuGpuBuffer(max_num_seqs, torch.int32, device)
+        self._rows = CpuGpuBuffer(max_num_seqs, torch.int64, device)
+        self._logits_indices = CpuGpuBuffer(max_num_seqs, torch.int64, device)
+        self._sampled_rows = CpuGpuBuffer(max_num_seqs, torch.int64, device)
+
+    @torch.inference_mode()
+    def execute(self, so: SchedulerOutput) -> RunnerOutput:
+        self.update_states(so)
+        if not so.num_scheduled_tokens:
+            return RunnerOutput.empty()
+        inputs = self.prepare_inputs(so)
+        hidden = self.forward(inputs)
+        if not inputs.sampled_request_ids:
+            return RunnerOutput.empty()
+        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [num_sampled, vocab]
+        md = self.batch.sampling.metadata(inputs.sampled_rows, inputs.sampled_rows_dev)
+        out = self.sampler(logits, md, self.batch.sampling)
+        self.batch.append_sampled(inputs.sampled_rows, inputs.sampled_rows_dev, out.token_ids)
+        token_ids = out.token_ids.tolist()  # the step's one device-to-host read (plus logprobs if asked)
+        result = RunnerOutput(inputs.sampled_request_ids, [[t] for t in token_ids])
+        if out.logprobs is not None:
+            assert out.logprob_token_ids is not None
+            ids, values = out.logprob_token_ids.tolist(), out.logprobs.tolist()
+            wanted = md.num_logprobs.tolist()
+            result.logprob_token_ids = [None if n < 0 else [ids[i][: n + 1]] for i, n in enumerate(wanted)]
+            result.logprobs = [None if n < 0 else [values[i][: n + 1]] for i, n in enumerate(wanted)]
+        return result
+
+    def update_states(self, so: SchedulerOutput) -> None:
+        """Apply the scheduler's diffs to the persistent batch: rows freed first, then taken."""
+        for request_id in so.finished_request_ids:
+            self.batch.remove(request_id)
+            self.generators.pop(request_id, None)
+        for request_id in so.preempted_request_ids:
+            self.batch.remove(request_id)  # its generator stays: it resumes where it was
+        for new in so.new_requests:
+            generator = self.generators.get(new.request_id)
+            if generator is None and new.sampling_params.seed is not None:
+                generator = torch.Generator(device=self.device)
+                generator.manual_seed(new.sampling_params.seed % 2**64)
+                self.generators[new.request_id] = generator
+            self.batch.add(new.request_id, new.token_ids, new.num_prompt_tokens, new.block_ids,
+                           new.num_computed_tokens, new.sampling_params, generator)
+        for cached in so.cached_requests:
+            row = self.batch.row_of[cached.request_id]
+            self.batch.num_computed_tokens[row] = cached.num_computed_tokens
+            if cached.new_block_ids:
+                self.batch.append_blocks(row, cached.new_block_ids)
+
+    def prepare_inputs(self, so: SchedulerOutput) -> ModelInputs:
+        """The flat batch for this step, requests in the backend's order; vectorised, no per-token
+        Python."""
+        b, bs = self.batch, self.block_size
+        request_ids = list(so.num_scheduled_tokens)
+        num_reqs = len(request_ids)
+        rows = np.fromiter((b.row_of[r] for r in request_ids), np.int64, num_reqs)
+        query_lens = np.fromiter(so.num_scheduled_tokens.values(), np.int64, num_reqs)
+        order = self.backend.order_requests(query_lens)
+        if order is not None:
+            rows, query_lens = rows[order], query_lens[order]
+            request_ids = [request_ids[i] for i in order]
+        num_computed = b.num_computed_tokens[rows]
+        seq_lens = num_computed + query_lens
+        assert (seq_lens <= b.num_tokens[rows]).all(), "scheduled past the known tokens"
+        qsl = np.zeros(num_reqs + 1, np.int64)
+        np.cumsum(query_lens, out=qsl[1:])
+        num_tokens = int(qsl[-1])
+        request_of_token = np.repeat(np.arange(num_reqs), query_lens)
+        positions = num_computed[request_of_token] + np.arange(num_tokens) - qsl[request_of_token]
+        token_rows = rows[request_of_token]
+        slots = b.block_table.np[token_rows, positions // bs].astype(np.int64) * bs + positions % bs
+        width = cdiv(int(seq_lens.max()), bs)
+        rows_dev = self._rows.stage(rows)
+        block_table = b.block_table.to_device(b.max_num_seqs)[:, :width].index_select(0, rows_dev)
+        step = StepInputs(
+            num_reqs=num_reqs, num_tokens=num_tokens, block_size=bs,
+            query_start_loc=self._query_start_loc.stage(qsl), query_start_loc_np=qsl,
+            seq_lens=self._seq_lens.stage(seq_lens), seq_lens_np=seq_lens, num_computed_tokens_np=num_computed,
+            positions=self._positions.stage(positions), slot_mapping=self._slots.stage(slots),
+            block_table=block_table)
+        token_index = self._token_index.stage(token_rows * self.max_model_len + positions)
+        input_ids = b.token_ids.view(-1).index_select(0, token_index)
+        samples = np.flatnonzero(seq_lens == b.num_tokens[rows])
+        sampled_rows = rows[samples]
+        return ModelInputs(request_ids, input_ids, step.positions, step, self._logits_indices.stage(qsl[1:][samples] - 1),
+                           [request_ids[i] for i in samples], sampled_rows, self._sampled_rows.stage(sampled_rows))
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] of the flat batch."""
+        metadata = self.backend.build_metadata(inputs.attention)
+        with forward_context(ForwardContext(self.backend, metadata, self.kv_caches)):
+            return self.model(inputs.input_ids, inputs.positions)

@@ -1,0 +1,137 @@
+"""The sampler's filters and draws, exact and cheap on a [rows, vocab] batch.
+
+Ties are broken one way everywhere: among equal values the lower token id ranks first (argmax,
+top-k, top-p, the logprob ranking), so `top_k=1` or a tiny `top_p` picks exactly the greedy token.
+
+Drawing: one uniform number per row and the inverse of the cumulative distribution (no noise over
+the whole vocabulary). Top-p and min-p are applied by rejection: draw from the distribution after
+top-k, keep the token if it lies inside the nucleus (the probability of the tokens ranked before
+it is below top_p) and above min_p x the top probability, else draw again. An accepted draw is
+distributed exactly as the truncated distribution, without sorting the vocabulary; a row still
+rejected after a few rounds (a tiny nucleus) is drawn from the exact truncated distribution,
+which sorts only that row. A seeded row draws only from its own generator, so its tokens do not
+depend on the batch it is in.
+"""
+from __future__ import annotations
+
+import torch
+
+REJECTION_ROUNDS = 3
+
+
+def apply_top_k(x: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.Tensor:
+    """Keep each row's top_k largest entries (ties: lower ids first), -inf elsewhere, in place.
+
+    x: [rows, vocab]; top_k: [rows] int64, >= vocab_size where off."""
+    vocab = x.shape[-1]
+    k = top_k.clamp(max=max_top_k)
+    kth = x.topk(max_top_k, dim=-1).values.gather(1, (k - 1).unsqueeze(1))  # [rows, 1]
+    kth = kth.masked_fill((top_k >= vocab).unsqueeze(1), float("-inf"))
+    keep = x >= kth
+    num_kept = keep.sum(-1)
+    wanted = torch.where(top_k >= vocab, num_kept, k)
+    if not bool((num_kept == wanted).all()):  # ties at the k-th value: keep the lowest ids of them
+        above = x > kth
+        tied = keep & ~above
+        need = (wanted - above.sum(-1)).unsqueeze(1)
+        keep = above | (tied & (tied.cumsum(-1) <= need))
+    return x.masked_fill_(~keep, float("-inf"))
+
+
+def nucleus_probs(probs: torch.Tensor, top_p: torch.Tensor | None, min_p: torch.Tensor | None) -> torch.Tensor:
+    """The exact top-p then min-p distribution by a full (stable) sort: the reference the
+    rejection draw must agree with, and its fallback. probs: [rows, vocab] summing to 1."""
+    if top_p is not None:
+        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of the better-ranked tokens
+        drop = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1).unsqueeze(1)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs.masked_fill(drop, 0.0))
+    if min_p is not None:
+        probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def compute_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None, max_top_k: int,
+                  top_p: torch.Tensor | None, min_p: torch.Tensor | None) -> torch.Tensor:
+    """Processed logits [rows, vocab] (all rows random) -> the exact distribution they sample from:
+    temperature -> top-k -> top-p -> min-p."""
+    x = logits / temperature
+    if top_k is not None:
+        x = apply_top_k(x, top_k, max_top_k)
+    return nucleus_probs(x.softmax(dim=-1), top_p, min_p)
+
+
+def draw(probs: torch.Tensor, top_p: torch.Tensor | None, min_p: torch.Tensor | None,
+         generators: list[tuple[int, torch.Generator]], default_generator: torch.Generator) -> torch.Tensor:
+    """One token per row from `probs` [rows, vocab] (after temperature and top-k) truncated by
+    top-p and min-p. Returns [rows] int64."""
+    rows, vocab = probs.shape
+    cdf = probs.cumsum(dim=-1)  # [rows, vocab]
+    pending = torch.arange(rows, device=probs.device)
+    sampled = torch.empty(rows, dtype=torch.int64, device=probs.device)
+    top_prob = probs.max(dim=-1).values if min_p is not None else None
+    for _ in range(REJECTION_ROUNDS):
+        first = len(pending) == rows
+        c = cdf if first else cdf[pending]
+        u = _uniform(pending, generators, default_generator, probs.device)
+        token = torch.searchsorted(c, (u * c[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=vocab - 1)
+        if top_p is None and min_p is None:
+            sampled[pending] = token
+            return sampled
+        p = probs if first else probs[pending]
+        ok = _inside(p, token, None if top_p is None else top_p[pending],
+                     None if min_p is None else min_p[pending], None if top_prob is None else top_prob[pending])
+        sampled[pending[ok]] = token[ok]
+        pending = pending[~ok]
+        if not len(pending):
+            return sampled
+    exact = nucleus_probs(probs[pending], None if top_p is None else top_p[pending],
+                          None if min_p is None else min_p[pending])
+    c = exact.cumsum(dim=-1)
+    u = _uniform(pending, generators, default_generator, probs.device)
+    sampled[pending] = torch.searchsorted(c, (u * c[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=vocab - 1)
+    return sampled
+
+
+def _inside(probs: torch.Tensor, token: torch.Tensor, top_p: torch.Tensor | None, min_p: torch.Tensor | None,
+            top_prob: torch.Tensor | None) -> torch.Tensor:
+    """Whether each drawn token survives top-p and min-p. probs: [rows, vocab]; token: [rows]."""
+    p_token = probs.gather(1, token.unsqueeze(1))  # [rows, 1]
+    ok = torch.ones(len(token), dtype=torch.bool, device=probs.device)
+    if top_p is not None:
+        ids = torch.arange(probs.shape[1], device=probs.device)
+        ranked_before = (probs > p_token) | ((probs == p_token) & (ids < token.unsqueeze(1)))
+        mass_before = torch.where(ranked_before, probs, 0.0).sum(dim=-1)
+        ok &= (mass_before < top_p) | (top_p >= 1)
+    if min_p is not None:
+        assert top_prob is not None
+        ok &= p_token.squeeze(1) >= min_p * top_prob
+    return ok
+
+
+def _uniform(pending: torch.Tensor, generators: list[tuple[int, torch.Generator]],
+             default_generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """One uniform in [0, 1) per pending row; a seeded row's comes from its own generator."""
+    u = torch.rand(len(pending), generator=default_generator, device=device)
+    if generators:
+        where = {int(r): i for i, r in enumerate(pending.tolist())}
+        for row, gen in generators:
+            i = where.get(row)
+            if i is not None:
+                u[i] = torch.rand(1, generator=gen, device=device)
+    return u
+
+
+def top_tokens(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best entries of each row, best first, ties by lower id: (values, ids), each [rows, k]."""
+    vals = logprobs.topk(k, dim=-1).values
+    kth = vals[:, -1:]
+    candidates = logprobs >= kth
+    if bool((candidates.sum(-1) == k).all()):
+        # the set is right; order it by value, then id (a stable sort over ascending ids)
+        ids = candidates.nonzero()[:, 1].view(-1, k)
+        picked = logprobs.gather(1, ids)
+        order = picked.sort(dim=-1, descending=True, stable=True).indices
+        return picked.gather(1, order), ids.gather(1, order)
+    sorted_vals, order = logprobs.sort(dim=-1, descending=True, stable=True)  # rare: ties at the k-th value
+    return sorted_vals[:, :k], order[:, :k]

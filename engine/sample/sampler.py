@@ -1,0 +1,88 @@
+"""Sampling on the device, in a fixed order:
+
+    raw logits ─▶ penalties (repetition, presence, frequency) ─▶ logit_bias / min_tokens bans
+               ─▶ temperature ─▶ top-k ─▶ top-p ─▶ min-p ─▶ draw
+
+Greedy rows (temperature 0) take the argmax after penalties and bias and skip everything else;
+only rows that use a step are touched by it. Random rows are drawn as `filters.py` describes.
+Logprobs are those of the raw model distribution (before any processing), like vLLM's default,
+ranked with the same tie rule as the argmax (lower id first), so the greedy token is always the
+first entry. The only host reads are the sampled ids (and the logprobs, when asked).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sample.filters import apply_top_k, draw, top_tokens
+from engine.sample.state import SamplingMetadata, SamplingState
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # [rows] int64, on the device
+    # [rows, 1 + max_num_logprobs]: the sampled token, then the best k; None when nobody asked
+    logprob_token_ids: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
+
+
+def apply_penalties(logits: torch.Tensor, md: SamplingMetadata, state: SamplingState) -> torch.Tensor:
+    """Penalties and bias on the rows that use them, in place. logits: [rows, vocab] float32."""
+    if md.penalty_idx is not None:
+        assert md.penalty_rows is not None and state.output_counts is not None
+        x = logits.index_select(0, md.penalty_idx)
+        counts = state.output_counts.index_select(0, md.penalty_rows)  # [penalised, vocab]
+        if md.repetition_penalty is not None:
+            assert state.prompt_mask is not None
+            seen = state.prompt_mask.index_select(0, md.penalty_rows) | (counts > 0)
+            x = torch.where(seen, torch.where(x > 0, x / md.repetition_penalty, x * md.repetition_penalty), x)
+        if md.frequency_penalty is not None:
+            x -= md.frequency_penalty * counts
+        if md.presence_penalty is not None:
+            x -= md.presence_penalty * (counts > 0)
+        logits.index_copy_(0, md.penalty_idx, x)
+    if md.bias_idx is not None:
+        assert md.bias_rows is not None and state.bias is not None
+        logits.index_add_(0, md.bias_idx, state.bias.index_select(0, md.bias_rows))
+    return logits
+
+
+class Sampler:
+    def __init__(self, default_generator: torch.Generator):
+        self.default_generator = default_generator
+
+    def __call__(self, logits: torch.Tensor, md: SamplingMetadata, state: SamplingState) -> SamplerOutput:
+        """logits: [rows, vocab] float32 (modified in place)."""
+        raw_logprobs = logits.log_softmax(dim=-1) if md.max_num_logprobs >= 0 else None
+        logits = apply_penalties(logits, md, state)
+        if md.all_greedy:
+            sampled = logits.argmax(dim=-1)
+        elif md.random_idx is None:  # every row random
+            sampled = self._draw(logits, md)
+        else:
+            assert md.greedy_idx is not None
+            sampled = torch.empty(md.num_rows, dtype=torch.int64, device=logits.device)
+            sampled[md.greedy_idx] = logits.index_select(0, md.greedy_idx).argmax(dim=-1)
+            sampled[md.random_idx] = self._draw(logits.index_select(0, md.random_idx), md)
+        out = SamplerOutput(sampled)
+        if raw_logprobs is not None:
+            out.logprob_token_ids, out.logprobs = _ranked_logprobs(raw_logprobs, sampled, md.max_num_logprobs)
+        return out
+
+    def _draw(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """logits: [num_random, vocab] of the random rows only."""
+        assert md.temperature is not None
+        x = logits.div_(md.temperature)
+        if md.top_k is not None:
+            x = apply_top_k(x, md.top_k, md.max_top_k)
+        return draw(x.softmax(dim=-1), md.top_p, md.min_p, md.generators, self.default_generator)
+
+
+def _ranked_logprobs(raw: torch.Tensor, sampled: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, 1 + k] ids and logprobs: the sampled token, then the k best (ties: lower id first)."""
+    chosen = raw.gather(1, sampled.unsqueeze(1))
+    if not k:
+        return sampled.unsqueeze(1), chosen
+    vals, ids = top_tokens(raw, k)
+    return torch.cat((sampled.unsqueeze(1), ids), 1), torch.cat((chosen, vals), 1)
