@@ -98,13 +98,17 @@ class EngineOutputs(msgspec.Struct, tag=True):
     stats: EngineStats | None = None
 
 
-class EngineReady(msgspec.Struct, tag=True):
+class EngineReady(msgspec.Struct, tag=True, kw_only=True):
+    """The engine is loaded: its limits, and what the model folder says about generation."""
+
     num_kv_tokens: int
     max_model_len: int
+    vocab_size: int
     device: str
     dtype: str
-    vocab_size: int = 0
-    model_dir: str = ""
+    model_dir: str
+    eos_token_ids: list[int]
+    generation_defaults: dict[str, int | float]  # SamplingParams field -> the model's default
 
 
 class ProcessError(msgspec.Struct, tag=True):

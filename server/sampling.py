@@ -1,16 +1,12 @@
 """From an OpenAI request body to SamplingParams: model defaults first, then the checks.
 
 Fields the request leaves unset take the model's generation_config.json values (temperature,
-top_p, top_k, min_p, repetition_penalty, max_new_tokens), as `vllm serve` does by default; what
+top_p, top_k, min_p, repetition_penalty, max_new_tokens; read by the engine, see
+`common.generation_config`, and sent in EngineReady), as `vllm serve` does by default; what
 neither sets keeps the OpenAI default. The range checks are the engine's own
 (`common.validation`), run here so bad input is a 400 and never reaches the engine.
 """
 from __future__ import annotations
-
-import json
-import logging
-import math
-from pathlib import Path
 
 from common.errors import InvalidRequest
 from common.messages import SamplingParams
@@ -18,30 +14,10 @@ from common.validation import MAX_LOGPROBS, validate_sampling_params
 from server.errors import bad_request, invalid_request
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
-logger = logging.getLogger(__name__)
-
 MAX_N = 128  # OpenAI's cap on choices per request
 MAX_STOP_STRINGS = 64  # each one is matched against every streamed character
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-_GENERATION_CONFIG_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                             "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 _INT64_MAX = 2**63 - 1
-
-
-def load_generation_defaults(model_dir: str) -> dict[str, float | int]:
-    """The sampling defaults in the model folder's generation_config.json (may be none)."""
-    path = Path(model_dir) / "generation_config.json"
-    if not path.exists():
-        return {}
-    config = json.loads(path.read_text())
-    defaults = {}
-    for key, field in _GENERATION_CONFIG_FIELDS.items():
-        value = config.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            defaults[field] = value
-    if defaults:
-        logger.info("sampling defaults from generation_config.json: %s", defaults)
-    return defaults
 
 
 def chat_sampling_params(body: ChatCompletionRequest, defaults: dict, vocab_size: int,

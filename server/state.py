@@ -18,7 +18,6 @@ from server.engine_client import EngineClient
 from server.errors import ApiError, unavailable
 from server.metrics import ServerMetrics
 from server.processes import ChildProcesses
-from server.sampling import load_generation_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +36,7 @@ class ServingState:
         self.paths: IpcPaths | None = None
         self.client: EngineClient | None = None
         self.processes: ChildProcesses | None = None
-        self.generation_defaults: dict = {}
+        self.generation_defaults: dict[str, int | float] = {}  # from EngineReady
         self.draining = False
         self.exit_code = 0
         self._shut_down = False
@@ -69,11 +68,12 @@ class ServingState:
             self.paths.remove()
 
     def _on_ready(self, ready: EngineReady) -> None:
-        self.generation_defaults = load_generation_defaults(ready.model_dir)
+        self.generation_defaults = dict(ready.generation_defaults)
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-        logger.info("ready: model %s (%s) on %s, %s; KV cache %d tokens; max_model_len %d; "
-                    "serving at http://%s:%d/v1", self.served_model_name, ready.model_dir, ready.device,
-                    ready.dtype, ready.num_kv_tokens, ready.max_model_len, host, self.config.port)
+        logger.info("ready: model %s (%s) on %s, %s; KV cache %d tokens; max_model_len %d; EOS ids %s; "
+                    "sampling defaults %s; serving at http://%s:%d/v1", self.served_model_name, ready.model_dir,
+                    ready.device, ready.dtype, ready.num_kv_tokens, ready.max_model_len, ready.eos_token_ids,
+                    self.generation_defaults or "none", host, self.config.port)
 
     def _on_child_exit(self, name: str, exit_code: int | None) -> None:
         self.client.fail(f"the {name} process exited unexpectedly (exit code {exit_code})")

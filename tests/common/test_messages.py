@@ -25,8 +25,9 @@ MESSAGES = [
     (EngineOutputs([TokenDelta("0:r1", [9], [[TokenLogprob(9, -0.1), TokenLogprob(4, -2.0)]], "stop", 2, 1),
                     TokenDelta("x", [], finish_reason="error", error="prompt: too long")], STATS), FromEngine),
     (EngineOutputs([]), FromEngine),
-    (EngineReady(num_kv_tokens=4096, max_model_len=2048, device="cpu", dtype="float32", vocab_size=49152,
-                 model_dir="/m"), FromEngine),
+    (EngineReady(num_kv_tokens=4096, max_model_len=2048, vocab_size=49152, device="cpu", dtype="float32",
+                 model_dir="/m", eos_token_ids=[2], generation_defaults={"temperature": 0.6, "max_tokens": 100}),
+     FromEngine),
     (ProcessError("engine", "RuntimeError: boom"), FromEngine),
     (GenerateRequest(request_id="r1", sampling_params=PARAMS, messages=[
         ChatMessage(role="user", content="你好 😀"), ChatMessage(role="assistant", content="hi", name="bot")]),
@@ -43,7 +44,8 @@ MESSAGES = [
     (RequestRejected("r1", "messages: too long", "messages"), ToServer),
     (TokenizeResponse("t1", [5, 6], ["a", "b"]), ToServer),
     (DetokenizeResponse("t2", "hello"), ToServer),
-    (EngineReady(num_kv_tokens=1, max_model_len=1, device="cuda:0", dtype="bfloat16"), ToServer),
+    (EngineReady(num_kv_tokens=1, max_model_len=1, vocab_size=2, device="cuda:0", dtype="bfloat16", model_dir="/m",
+                 eos_token_ids=[0, 1], generation_defaults={}), ToServer),
     (ProcessError("tokenizer_worker", "x"), ToServer),
 ]
 

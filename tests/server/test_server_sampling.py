@@ -5,9 +5,10 @@ import json
 
 import pytest
 
+from common.generation_config import load_generation_defaults
 from server.errors import ApiError
 from server.protocol import ChatCompletionRequest, CompletionRequest
-from server.sampling import chat_sampling_params, completion_sampling_params, load_generation_defaults
+from server.sampling import chat_sampling_params, completion_sampling_params
 
 VOCAB, MAX_LEN = 1000, 512
 

@@ -55,7 +55,8 @@ def worker(prompts):
     queues = Queues()
     w = TokenizerWorker(prompts, queues.to_server, queues.to_engine)
     w.on_engine_message(EngineReady(num_kv_tokens=4096, max_model_len=64, device="cpu", dtype="float32",
-                                    vocab_size=49152, model_dir="unused"))
+                                    vocab_size=49152, model_dir="unused", eos_token_ids=[2],
+                                    generation_defaults={}))
     assert isinstance(queues.read(queues.server_in, ToServer)[0], EngineReady)  # forwarded to the server
     yield w, queues
     queues.close()
