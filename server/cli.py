@@ -11,7 +11,7 @@ from common.default_model import DEFAULT_MODEL_NAME, default_model_dir, ensure_d
 from common.child_process import LOG_FORMAT
 from server.app import create_app
 from server.config import parse_args
-from server.runner import DrainingServer
+from server.draining import DrainingServer
 from server.state import ServingState
 
 logger = logging.getLogger("server")

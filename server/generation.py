@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from common.messages import EngineReady, FinishReason, GenerateRequest, StopReason, TextDelta, TextLogprob, Usage
-from server.engine_client import EngineClient, RequestStream
+from server.worker_client import RequestStream, WorkerClient
 from server.errors import ApiError, bad_request, error_body
 from server.state import ServingState
 
@@ -121,7 +121,7 @@ def _raise_on_engine_error(delta: TextDelta) -> None:
                        code="engine_error")
 
 
-async def _sse_events(client: EngineClient, stream: RequestStream, renderer: Renderer,
+async def _sse_events(client: WorkerClient, stream: RequestStream, renderer: Renderer,
                       include_usage: bool) -> AsyncIterator[str]:
     encode = msgspec.json.encode
     finished = False

@@ -1,15 +1,17 @@
 """Prometheus metrics under vLLM's names, so existing dashboards and routers work unchanged.
 
 Gauges and the cache/preemption counters come from the engine's EngineStats (cumulative counts,
-turned into increments here); latencies are measured in this process as clients see them: TTFT
-to the first text, ITL between text deltas of a choice, E2E to the end of the request. Counters
-get prometheus_client's `_total` suffix, as vLLM's do.
+turned into increments here); latencies are measured in this process as clients see them, one
+RequestMetrics per request: TTFT to the first text, ITL between text deltas of a choice, E2E to
+the end of the request. Counters get prometheus_client's `_total` suffix, as vLLM's do.
 """
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
-from common.messages import EngineStats
+from common.messages import EngineStats, FinishReason, TextDelta
 
 # vLLM's buckets.
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -70,8 +72,42 @@ class ServerMetrics:
         for seconds in s.queue_times:
             self.queue_time.observe(seconds)
 
-    def on_finished_choice(self, reason: str) -> None:
-        self.request_success[reason if reason in self.request_success else "error"].inc()
+    def on_finished_choice(self, reason: FinishReason) -> None:
+        self.request_success[reason].inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RequestMetrics:
+    """The observations of one request, from its arrival at the server (perf_counter seconds)."""
+
+    def __init__(self, metrics: ServerMetrics):
+        self.metrics = metrics
+        self.arrival = time.perf_counter()
+        self.first_text_at: float | None = None
+        self.last_text_at: dict[int, float] = {}  # per choice
+
+    def on_accepted(self, num_prompt_tokens: int) -> None:
+        self.metrics.prompt_tokens.inc(num_prompt_tokens)
+
+    def on_delta(self, delta: TextDelta, now: float) -> None:
+        m = self.metrics
+        m.generation_tokens.inc(delta.num_new_tokens)
+        if delta.text:
+            if self.first_text_at is None:
+                self.first_text_at = now
+                m.ttft.observe(now - self.arrival)
+            last = self.last_text_at.get(delta.index)
+            if last is not None:
+                m.itl.observe(now - last)
+            self.last_text_at[delta.index] = now
+        if delta.finish_reason is not None:
+            m.on_finished_choice(delta.finish_reason)
+        if delta.usage is not None:
+            m.e2e.observe(now - self.arrival)
+
+    def on_aborted(self, num_unfinished_choices: int) -> None:
+        """The client left: its unfinished choices count as aborted."""
+        for _ in range(num_unfinished_choices):
+            self.metrics.on_finished_choice("abort")

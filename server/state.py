@@ -1,4 +1,4 @@
-"""What the HTTP handlers share: the engine client, the model's facts, and the server's life.
+"""What the HTTP handlers share: the worker client, the model's facts, and the server's life.
 
 Life of the server: loading (503 with Retry-After) -> ready -> draining after SIGTERM (running
 requests finish, new ones get 503) -> stopped. If a child process dies or reports a crash, every
@@ -14,7 +14,7 @@ from common.engine_config import EngineConfig
 from common.ipc import IpcPaths
 from common.messages import EngineReady
 from server.config import ServerConfig
-from server.engine_client import EngineClient
+from server.worker_client import WorkerClient
 from server.errors import ApiError, unavailable
 from server.metrics import ServerMetrics
 from server.processes import ChildProcesses
@@ -34,20 +34,20 @@ class ServingState:
         self.served_model_name = served_model_name
         self.metrics = ServerMetrics(served_model_name)
         self.paths: IpcPaths | None = None
-        self.client: EngineClient | None = None
+        self.client: WorkerClient | None = None
         self.processes: ChildProcesses | None = None
         self.generation_defaults: dict[str, int | float] = {}  # from EngineReady
         self.draining = False
         self.exit_code = 0
         self._shut_down = False
-        self.request_exit: Callable[[], None] = lambda: None  # set by the uvicorn runner
+        self.request_exit: Callable[[], None] = lambda: None  # set by the DrainingServer
 
     # ---- life -------------------------------------------------------------------------------
 
     async def startup(self) -> None:
         self.paths = IpcPaths.create()
         max_in_flight = self.engine_config.max_num_seqs + self.config.max_queued_requests
-        self.client = EngineClient(self.paths, self.metrics, max_in_flight)
+        self.client = WorkerClient(self.paths, self.metrics, max_in_flight)
         self.client.on_ready = self._on_ready
         self.client.on_failure = self._on_failure
         self.client.start()

@@ -1,9 +1,9 @@
-"""The server's end of the queues: requests go to the tokenizer worker, text comes back.
+"""The server's end of the queues to the tokenizer worker: requests go out, text comes back.
 
 One reader task receives everything the worker sends and routes it: TextDeltas to the
-RequestStream of their request (each HTTP handler reads its own), tokenize answers to their
-futures, engine gauges to the metrics. Messages for requests that are gone (the client left) are
-dropped. Sending never blocks: PUSH with no high-water mark.
+RequestStream of their request (each HTTP handler reads its own) and to that request's latency
+metrics, tokenize answers to their futures, engine gauges to the metrics. Messages for requests
+that are gone (the client left) are dropped. Sending never blocks: PUSH with no high-water mark.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from common.ipc import Channel, IpcPaths, open_socket
 from common.messages import (AbortRequest, DetokenizeResponse, EngineReady, GenerateRequest, ProcessError,
                              PromptAccepted, RequestRejected, TextDelta, TextOutputs, TokenizeResponse, ToServer)
 from server.errors import ApiError, unavailable
-from server.metrics import ServerMetrics
+from server.metrics import RequestMetrics, ServerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -36,13 +36,11 @@ class Failure:
 class RequestStream:
     """The TextDeltas of one request, in order; iteration ends after the one carrying usage."""
 
-    def __init__(self, request_id: str, num_choices: int):
+    def __init__(self, request_id: str, num_choices: int, metrics: RequestMetrics):
         self.request_id = request_id
         self.num_unfinished = num_choices
+        self.metrics = metrics
         self.queue: asyncio.Queue[TextDelta | PromptAccepted | RequestRejected | Failure] = asyncio.Queue()
-        self.arrival = time.perf_counter()
-        self.first_text_at: float | None = None
-        self.last_text_at: dict[int, float] = {}  # per choice
 
     async def __aiter__(self) -> AsyncIterator[TextDelta]:
         while True:
@@ -54,7 +52,7 @@ class RequestStream:
                 return
 
 
-class EngineClient:
+class WorkerClient:
     def __init__(self, paths: IpcPaths, metrics: ServerMetrics, max_in_flight_seqs: int):
         self.paths = paths
         self.metrics = metrics
@@ -64,7 +62,6 @@ class EngineClient:
         self._pull = open_socket(zmq.asyncio.Context.shadow(ctx.underlying), zmq.PULL, paths.to_server, bind=True)
         self._push = Channel(open_socket(ctx, zmq.PUSH, paths.to_worker, bind=True))
         self.streams: dict[str, RequestStream] = {}
-        self.num_in_flight_seqs = 0  # choices admitted and not finished
         self._pending: dict[str, asyncio.Future] = {}  # tokenize / detokenize answers
         self._ids = itertools.count()
         self.ready: EngineReady | None = None
@@ -74,7 +71,7 @@ class EngineClient:
         self._reader: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._reader = asyncio.get_running_loop().create_task(self._read_loop(), name="engine-client-reader")
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop(), name="worker-client-reader")
 
     def close(self) -> None:
         if self._reader is not None:
@@ -83,21 +80,25 @@ class EngineClient:
         self._push.close()
         self._ctx.term()
 
+    @property
+    def num_in_flight_seqs(self) -> int:
+        """Choices admitted and not finished (a sum over at most max_in_flight_seqs streams)."""
+        return sum(stream.num_unfinished for stream in self.streams.values())
+
     # ---- requests -------------------------------------------------------------------------
 
     def check_capacity(self, num_choices: int) -> None:
         if num_choices > self.max_in_flight_seqs:  # could never be admitted: not worth a retry
             raise ApiError(400, f"n: {num_choices} choices are more than this server holds at once "
                                 f"({self.max_in_flight_seqs})", "n")
-        if self.num_in_flight_seqs + num_choices > self.max_in_flight_seqs:
-            raise unavailable(f"too many requests waiting ({self.num_in_flight_seqs} sequences in flight); "
-                              "retry later")
+        in_flight = self.num_in_flight_seqs
+        if in_flight + num_choices > self.max_in_flight_seqs:
+            raise unavailable(f"too many requests waiting ({in_flight} sequences in flight); retry later")
 
     async def generate(self, request: GenerateRequest, num_choices: int) -> RequestStream:
         """Send the request; return its stream once the worker accepted it (ApiError if not)."""
-        stream = RequestStream(request.request_id, num_choices)
+        stream = RequestStream(request.request_id, num_choices, RequestMetrics(self.metrics))
         self.streams[request.request_id] = stream
-        self.num_in_flight_seqs += num_choices
         self._push.send(request)
         try:
             first = await stream.queue.get()
@@ -109,16 +110,15 @@ class EngineClient:
         if isinstance(first, Failure):
             raise ApiError(500, f"the request failed: {first.reason}", code="engine_failed")
         assert isinstance(first, PromptAccepted), f"unexpected first message {type(first).__name__}"
-        self.metrics.prompt_tokens.inc(first.num_prompt_tokens)
+        stream.metrics.on_accepted(first.num_prompt_tokens)
         return stream
 
     def abort(self, request_id: str) -> None:
         """The client is gone: stop its sequences in the engine now. Finished ids are ignored."""
-        stream = self._forget(request_id)
+        stream = self.streams.pop(request_id, None)
         if stream is None:
             return
-        for _ in range(stream.num_unfinished):
-            self.metrics.on_finished_choice("abort")
+        stream.metrics.on_aborted(stream.num_unfinished)
         if self.failure is None:
             self._push.send(AbortRequest([request_id]))
 
@@ -134,12 +134,6 @@ class EngineClient:
             return await future
         finally:
             self._pending.pop(request_id, None)
-
-    def _forget(self, request_id: str) -> RequestStream | None:
-        stream = self.streams.pop(request_id, None)
-        if stream is not None:
-            self.num_in_flight_seqs -= stream.num_unfinished
-        return stream
 
     # ---- what the worker sends ------------------------------------------------------------
 
@@ -162,16 +156,18 @@ class EngineClient:
             now = time.perf_counter()
             for delta in msg.deltas:
                 self._on_delta(delta, now)
-        elif isinstance(msg, (PromptAccepted, RequestRejected)):
+        elif isinstance(msg, PromptAccepted):
+            stream = self.streams.get(msg.request_id)
+            if stream is not None:
+                stream.queue.put_nowait(msg)
+        elif isinstance(msg, RequestRejected):  # answers a generation or a tokenize call
             future = self._pending.get(msg.request_id)
-            if future is not None:  # a tokenize call
+            if future is not None:
                 if not future.done():
                     future.set_exception(ApiError(msg.status, msg.message, msg.param))
                 return
-            stream = self.streams.get(msg.request_id)
+            stream = self.streams.pop(msg.request_id, None)
             if stream is not None:
-                if isinstance(msg, RequestRejected):
-                    self._forget(msg.request_id)
                 stream.queue.put_nowait(msg)
         elif isinstance(msg, (TokenizeResponse, DetokenizeResponse)):
             future = self._pending.get(msg.request_id)
@@ -191,24 +187,12 @@ class EngineClient:
         stream = self.streams.get(delta.request_id)
         if stream is None:
             return  # the client left; the abort is on its way
-        m = self.metrics
-        m.generation_tokens.inc(delta.num_new_tokens)
-        if delta.text:
-            if stream.first_text_at is None:
-                stream.first_text_at = now
-                m.ttft.observe(now - stream.arrival)
-            last = stream.last_text_at.get(delta.index)
-            if last is not None:
-                m.itl.observe(now - last)
-            stream.last_text_at[delta.index] = now
+        stream.metrics.on_delta(delta, now)
         if delta.finish_reason is not None:
             stream.num_unfinished -= 1
-            self.num_in_flight_seqs -= 1
-            m.on_finished_choice(delta.finish_reason)
         if delta.usage is not None:
             assert stream.num_unfinished == 0, f"usage before every choice of {delta.request_id} finished"
             del self.streams[delta.request_id]
-            m.e2e.observe(now - stream.arrival)
         stream.queue.put_nowait(delta)
 
     def fail(self, reason: str) -> None:
@@ -220,7 +204,6 @@ class EngineClient:
         for stream in self.streams.values():
             stream.queue.put_nowait(Failure(reason))
         self.streams.clear()
-        self.num_in_flight_seqs = 0
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(ApiError(500, reason, code="engine_failed"))
