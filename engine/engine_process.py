@@ -15,7 +15,6 @@ import zmq
 
 from common.child_process import IDLE_POLL_MS, ParentWatch, run_child
 from common.engine_config import EngineConfig
-from common.generation_config import load_generation_defaults
 from common.ipc import Channel, IpcPaths, open_socket
 from common.messages import (AbortRequest, EngineOutputs, EngineReady, EngineRequest, EngineStats, TokenDelta,
                              ToEngine)
@@ -33,12 +32,11 @@ def run_engine_process(config: EngineConfig, paths: IpcPaths, log_level: str = "
         from engine.llm_engine import LLMEngine  # torch is imported here, in this process only
 
         engine = LLMEngine(config)
-        # The sampling defaults are read here until LLMEngine carries them (engine.generation_defaults).
-        generation_defaults = load_generation_defaults(engine.model_dir)
         outbox.send(EngineReady(num_kv_tokens=engine.num_kv_tokens, max_model_len=engine.max_model_len,
                                 vocab_size=engine.vocab_size, device=str(engine.device),
                                 dtype=str(engine.dtype).removeprefix("torch."), model_dir=str(engine.model_dir),
-                                eos_token_ids=sorted(engine.eos_token_ids), generation_defaults=generation_defaults))
+                                eos_token_ids=sorted(engine.eos_token_ids),
+                                generation_defaults=engine.generation_defaults))
         EngineLoop(engine, inbox, outbox).run()
 
     run_child(PROCESS_NAME, log_level, paths.from_engine, body)

@@ -7,12 +7,11 @@ backend's layout; then the block manager, scheduler and runner are built. The re
 """
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
 from common.default_model import resolve_model_path
 from common.engine_config import EngineConfig
+from common.generation_config import load_eos_token_ids, load_generation_defaults
 from engine.attention import create_backend
 from engine.core.block_manager import BlockManager
 from engine.core.engine_core import EngineCore
@@ -33,9 +32,9 @@ class LLMEngine(EngineCore):
         self.platform = Platform.create(config.device, config.dtype)
         self.platform.configure_threads()
         self.device, self.dtype = self.platform.device, self.platform.dtype
-        hf_config = read_hf_config(self.model_dir)
-        arch = ModelArch.from_hf_config(hf_config)
-        self.eos_token_ids = _eos_token_ids(self.model_dir, hf_config)
+        arch = ModelArch.from_hf_config(read_hf_config(self.model_dir))
+        self.eos_token_ids = load_eos_token_ids(self.model_dir)
+        self.generation_defaults = load_generation_defaults(self.model_dir)  # for the front end
         if config.max_model_len and config.max_model_len > arch.max_position_embeddings:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's limit "
                              f"{arch.max_position_embeddings}")
@@ -67,17 +66,3 @@ class LLMEngine(EngineCore):
         useful = config.max_num_seqs * cdiv(max_model_len, config.block_size)
         return max(1, min(budget // bytes_per_block(arch, config.block_size, self.dtype), useful))
 
-
-def _eos_token_ids(model_dir: Path, hf_config: dict) -> set[int]:
-    ids: set[int] = set()
-    for source in (hf_config, _read_json(Path(model_dir) / "generation_config.json")):
-        value = source.get("eos_token_id")
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(value)
-    return ids
-
-
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}

@@ -4,7 +4,10 @@
 
 Runs alternate (ours, transformers, ours, transformers, ...) so a noisy shared machine hits both
 alike; each figure is the best of the rounds. Workloads: 1 and `--batch` sequences, each with a
-`--prompt-len` random prompt and `--output-len` new tokens (greedy, EOS ignored). The share of
+`--prompt-len` random prompt and `--output-len` new tokens (greedy, EOS ignored), plus ours
+alone on the batch with sampling (temperature 0.8, top_p 0.95, presence_penalty 0.5); for each of
+ours, where a step's time goes (host: schedule + input preparation + update; forward; sampling).
+The share of
 the machine's limits uses limits measured in this run: for batch 1, weight bytes read per decode
 step x steps/s / memory bandwidth; for the batch, model FLOPs x tokens/s (prompt + output) / the
 GEMM rate in the same dtype.
@@ -17,11 +20,11 @@ import random
 
 import torch
 
-from engine.bench.runs import RunResult, run_hf_generate, run_hf_generate_batch, run_ours
-from common.engine_config import EngineConfig
-from engine.llm_engine import LLMEngine
 from engine.bench.limits import gemm_flops, memory_bandwidth
-from engine.models.llama import ModelArch
+from engine.bench.runs import RunResult, run_hf_generate, run_hf_generate_batch
+from engine.bench.workloads import build_engine, random_prompts, run_ours
+from engine.llm_engine import LLMEngine
+from engine.models.config import ModelArch
 
 
 def linear_params(arch: ModelArch) -> int:
@@ -55,27 +58,26 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoModelForCausalLM
 
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
-                                    max_num_seqs=args.batch, max_num_batched_tokens=args.max_num_batched_tokens,
-                                    max_model_len=args.prompt_len + args.output_len + 16,
-                                    kv_cache_memory=None))
+    engine = build_engine(args.model, args.dtype, args.device, args.batch, args.max_num_batched_tokens,
+                          args.prompt_len + args.output_len + 16)
     hf = AutoModelForCausalLM.from_pretrained(str(engine.model_dir), dtype=engine.dtype).to(engine.device).eval()
     rnd = random.Random(0)
-    vocab = engine.vocab_size
 
     def prompts(n):
-        return [[rnd.randrange(100, vocab) for _ in range(args.prompt_len)] for _ in range(n)]
+        return random_prompts(rnd, engine.vocab_size, n, args.prompt_len)
 
     one, many = prompts(1), prompts(args.batch)
     run_ours(engine, prompts(2), 8)  # warm-up both paths
     run_hf_generate(hf, prompts(1), 8)
-    results: dict[str, list[RunResult]] = {k: [] for k in ("ours_1", "hf_1", "ours_n", "hf_n", "hf_cb_n")}
+    results: dict[str, list[RunResult]] = {
+        k: [] for k in ("ours_1", "hf_1", "ours_n", "hf_n", "hf_cb_n", "ours_n_sampled")}
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", flush=True)
         results["ours_1"].append(run_ours(engine, one, args.output_len))
         results["hf_1"].append(run_hf_generate(hf, one, args.output_len))
         results["ours_n"].append(run_ours(engine, many, args.output_len))
         results["hf_n"].append(run_hf_generate(hf, many, args.output_len))
+        results["ours_n_sampled"].append(run_ours(engine, many, args.output_len, sampled=True))
         try:
             results["hf_cb_n"].append(run_hf_generate_batch(hf, many, args.output_len))
         except Exception as e:  # the continuous-batching path may not run on every device
@@ -111,6 +113,16 @@ def report(engine: LLMEngine, args, r: dict[str, RunResult], bandwidth: float, g
     for key, name in (("hf_n", "generate"), ("hf_cb_n", "generate_batch")):
         if key in r:
             print(f"  transformers {name} at {args.batch} seqs: {r[key].output_tps:.1f} tok/s")
+    sampled = r["ours_n_sampled"]
+    print(f"{f'{args.batch} seqs sampled':<22}{sampled.output_tps:>12.1f}{'':>12}{'':>8}{sampled.ttft * 1e3:>10.0f}ms"
+          f"{'':>10}  {sampled.output_tps / r['ours_n'].output_tps:.2f}x our greedy tok/s "
+          f"(temperature 0.8, top_p 0.95, presence_penalty 0.5)")
+    print(f"\nours, per engine step{'':<4}{'steps':>8}{'host ms':>10}{'forward ms':>12}{'sample ms':>11}"
+          "   (host = schedule + input preparation + update)")
+    for key, name in (("ours_1", "batch 1"), ("ours_n", f"{args.batch} seqs"),
+                      ("ours_n_sampled", f"{args.batch} seqs sampled")):
+        x = r[key]
+        print(f"  {name:<23}{x.steps:>8}{x.host_ms:>10.2f}{x.forward_ms:>12.1f}{x.sample_ms:>11.2f}")
     if args.json:
         figures = {k: vars(v) | {"output_tps": v.output_tps, "decode_tps": v.decode_tps} for k, v in r.items()}
         with open(args.json, "w") as f:

@@ -1,13 +1,10 @@
-"""One timed generation run per system: our engine, and transformers' two batched paths."""
+"""One timed run's figures, and timed runs of transformers' two batched paths (ours: workloads.py)."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
 import torch
-
-from engine.llm_engine import LLMEngine
-from common.messages import SamplingParams
 
 
 @dataclass
@@ -17,6 +14,10 @@ class RunResult:
     seconds: float  # first request in .. last token out
     ttft: float  # mean over sequences, seconds
     decode_seconds: float  # last first-token .. last token: the pure decode phase
+    steps: int = 0  # engine steps (ours only), and their split in ms per step
+    host_ms: float = 0.0  # schedule + input preparation + update
+    forward_ms: float = 0.0  # model forward and LM head
+    sample_ms: float = 0.0
 
     @property
     def output_tps(self) -> float:
@@ -27,25 +28,6 @@ class RunResult:
         """Output tokens per second while every sequence is decoding."""
         after_first = self.output_tokens - self.num_seqs
         return after_first / self.decode_seconds if self.decode_seconds > 0 else float("nan")
-
-
-def run_ours(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> RunResult:
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    engine.block_manager.reset_prefix_cache()  # every round starts cold, like transformers
-    start = time.perf_counter()
-    for i, p in enumerate(prompts):
-        engine.add_request(f"bench-{i}", p, params)
-    first: dict[str, float] = {}
-    tokens = 0
-    while engine.has_unfinished():
-        deltas = engine.step()
-        now = time.perf_counter()
-        for d in deltas:
-            first.setdefault(d.request_id, now)
-            tokens += len(d.new_token_ids)
-    end = time.perf_counter()
-    return RunResult(len(prompts), tokens, end - start, sum(t - start for t in first.values()) / len(first),
-                     end - max(first.values()))
 
 
 class _TimingStreamer:

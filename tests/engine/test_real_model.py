@@ -74,3 +74,36 @@ def test_stop_token_ids_and_ignore_eos(llm, chat_prompts):
     assert cut.outputs[0].token_ids == free.token_ids[:3] and cut.outputs[0].stop_reason == stop_at
     longer = llm.generate(chat_prompts[0], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
     assert len(longer.outputs[0].token_ids) == 40 and longer.outputs[0].finish_reason == "length"
+
+
+TOPICS = ["the ocean", "a forest", "the moon", "coffee", "a city at night", "winter", "music", "a library",
+          "the desert", "friendship"]
+FORMS = ["Describe {} in one sentence.", "Write a haiku about {}.", "Give three facts about {}.",
+         "What is the best thing about {}?", "Explain {} to a child."]
+
+
+@pytest.fixture(scope="module")
+def bf16_llm():
+    # No prefix cache: each run must batch and chunk its prompts alike, since bfloat16 results
+    # depend on the batch shape.
+    return LLM(dtype="bfloat16", device="cpu", kv_cache_memory=256 << 20, max_model_len=512, max_num_seqs=64,
+               enable_prefix_caching=False)
+
+
+def test_bf16_top_k_1_and_tiny_top_p_give_the_greedy_text(bf16_llm):
+    """bfloat16 logits tie often; every path must break ties the same way (lowest id), so top_k=1
+    and a tiny top_p give exactly the greedy text, and the greedy token is always the first
+    top_logprobs entry (50 chat prompts, 24 tokens each)."""
+    tok = bf16_llm.tokenizer
+    prompts = [tok.apply_chat_template([{"role": "user", "content": form.format(topic)}], tokenize=False,
+                                       add_generation_prompt=True) for form in FORMS for topic in TOPICS]
+    assert len(prompts) == 50
+    greedy = bf16_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, logprobs=3))
+    for params in (SamplingParams(temperature=1.0, top_k=1, max_tokens=24, seed=5),
+                   SamplingParams(temperature=1.0, top_p=1e-9, max_tokens=24)):
+        other = bf16_llm.generate(prompts, params)
+        for g, o in zip(greedy, other):
+            assert o.outputs[0].token_ids == g.outputs[0].token_ids, params
+    for g in greedy:
+        for token, entry in zip(g.outputs[0].token_ids, g.outputs[0].logprobs):
+            assert entry[0].token_id == token and entry[1].token_id == token

@@ -1,0 +1,64 @@
+"""Our engine before and after a change, in the same run: two checkouts, alternating rounds.
+
+    git archive <old-commit> | tar -x -C /tmp/before
+    python -m engine.bench.commits --baseline /tmp/before [--rounds 2] [--dtype bfloat16]
+
+Each round runs `engine/bench/workloads.py` (this checkout's copy, so both sides run the same
+workloads and timing code) once against the baseline checkout and once against this one, each in
+a fresh process; figures are the best of the rounds, and the ratio column is after / before.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parents[2]
+COLUMNS = [("output_tps", "tok/s", "{:.1f}"), ("host_ms", "host ms/step", "{:.2f}"),
+           ("forward_ms", "forward ms/step", "{:.1f}"), ("sample_ms", "sample ms/step", "{:.2f}")]
+
+
+def run_once(tree: Path, args: argparse.Namespace, out: Path) -> dict:
+    cmd = [sys.executable, str(HERE.with_name("workloads.py")), "--json", str(out), "--dtype", args.dtype,
+           "--batch", str(args.batch), "--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len)]
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    subprocess.run(cmd, cwd=tree, env=env, check=True)
+    return json.loads(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", required=True, type=Path, help="a checkout of the older commit")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    args = ap.parse_args(argv)
+    trees = {"before": args.baseline.resolve(), "after": REPO}
+    best: dict[str, dict[str, dict]] = {"before": {}, "after": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for name, tree in trees.items():
+                print(f"round {r + 1}/{args.rounds}: {name} ({tree})", flush=True)
+                for workload, figures in run_once(tree, args, Path(tmp) / f"{name}.json").items():
+                    kept = best[name].get(workload)
+                    if kept is None or figures["output_tps"] > kept["output_tps"]:
+                        best[name][workload] = figures
+    print(f"\n{args.dtype}; {args.prompt_len}-token random prompts, {args.output_len} new tokens, EOS ignored; "
+          f"sampled = temperature 0.8, top_p 0.95, presence_penalty 0.5; best of {args.rounds} rounds")
+    print(f"{'workload':<20}{'checkout':<10}" + "".join(f"{label:>17}" for _, label, _ in COLUMNS) + f"{'tok/s ratio':>13}")
+    for workload in best["after"]:
+        for side in ("before", "after"):
+            figures = best[side][workload]
+            cells = "".join(f"{fmt.format(figures[key]):>17}" for key, _, fmt in COLUMNS)
+            ratio = figures["output_tps"] / best["before"][workload]["output_tps"]
+            print(f"{workload if side == 'before' else '':<20}{side:<10}{cells}{ratio:>12.2f}x")
+
+if __name__ == "__main__":
+    main()
