@@ -7,27 +7,25 @@ definition of every knob.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-def _opt(default, help: str, **extra):
-    return field(default=default, metadata={"help": help, **extra})
+from common.cli_args import opt
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = _opt(None, "Hugging Face model folder; default: the embedded SmolLM2-135M-Instruct")
-    dtype: str = _opt("auto", "float32 | bfloat16 | float16 | auto (bfloat16 on CPU and CUDA)")
-    device: str = _opt("auto", "cpu | cuda | auto")
-    max_model_len: int | None = _opt(None, "longest prompt + output, in tokens; default: the model's limit")
-    max_num_seqs: int = _opt(64, "most sequences in one engine step")
-    max_num_batched_tokens: int = _opt(512, "token budget of one engine step (prefill chunks + decodes)")
-    block_size: int = _opt(16, "tokens per KV cache block")
-    kv_cache_memory: int | None = _opt(None, "bytes for the KV cache; default: a fraction of free memory (on CPU at most 4 GiB)")
-    gpu_memory_utilization: float = _opt(0.9, "fraction of device memory the engine may use (CUDA)")
-    cpu_kv_cache_fraction: float = _opt(0.25, "fraction of available host memory for the KV cache (CPU)")
-    enable_prefix_caching: bool = _opt(True, "reuse the KV blocks of a shared prompt prefix")
-    seed: int = _opt(0, "seed of the generator for requests without their own seed")
+    model: str | None = opt(None, "Hugging Face model folder; default: the embedded SmolLM2-135M-Instruct")
+    dtype: str = opt("auto", "float32 | bfloat16 | float16 | auto (bfloat16 on CPU and CUDA)")
+    device: str = opt("auto", "cpu | cuda | auto")
+    max_model_len: int | None = opt(None, "longest prompt + output, in tokens; default: the model's limit")
+    max_num_seqs: int = opt(64, "most sequences in one engine step")
+    max_num_batched_tokens: int = opt(512, "token budget of one engine step (prefill chunks + decodes)")
+    block_size: int = opt(16, "tokens per KV cache block")
+    kv_cache_memory: int | None = opt(None, "bytes for the KV cache; default: a fraction of free memory (on CPU at most 4 GiB)")
+    gpu_memory_utilization: float = opt(0.9, "fraction of device memory the engine may use (CUDA)")
+    cpu_kv_cache_fraction: float = opt(0.25, "fraction of available host memory for the KV cache (CPU)")
+    enable_prefix_caching: bool = opt(True, "reuse the KV blocks of a shared prompt prefix")
+    seed: int = opt(0, "seed of the generator for requests without their own seed")
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)

@@ -1,18 +1,18 @@
 """The load test's settings: one frozen dataclass, and the argparse parser generated from it.
 
-Each field's metadata holds its help text and the function that turns the command-line string
-into the field's value, so a new option is one new field. Cross-field rules live in validate().
+Each field is an `opt(...)` of `common.cli_args` (the server's generator): its help text and,
+where the annotation does not say, the function that turns the command-line string into the
+field's value, so a new option is one new field. No environment variables: a load test is
+configured on its command line. Cross-field rules live in validate().
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from common.cli_args import add_dataclass_args, dataclass_from_args, opt
 from loadtest.metrics import SLO_KEYS
 
 
@@ -43,48 +43,45 @@ def parse_slo(text: str) -> dict[str, float]:
     return slo
 
 
-def _opt(default: Any, help: str, parse: Callable[[str], Any] | None = None, **argparse_kwargs: Any) -> Any:
-    return field(default=default, metadata={"help": help, "parse": parse, "argparse": argparse_kwargs})
-
-
 @dataclass(frozen=True)
 class LoadTestConfig:
-    base_url: str | None = _opt(None, "OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1", str)
-    target: tuple[str, ...] = _opt(
+    base_url: str | None = opt(None, "OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    target: tuple[str, ...] = opt(
         (),
         "compare mode: NAME=URL, repeat for each server; figures are also given as ratios to the first",
-        str,
+        parse=str,
         action="append",
         metavar="NAME=URL",
     )
-    model: str | None = _opt(None, "model name to send (default: first id from GET /models of each target)", str)
-    endpoint: str = _opt("chat", "API to load: /chat/completions or /completions", str, choices=("chat", "completions"))
-    num_prompts: int = _opt(64, "requests measured per concurrency level and target", int)
-    concurrency: tuple[int, ...] | None = _opt(
+    model: str | None = opt(None, "model name to send (default: first id from GET /models of each target)")
+    endpoint: str = opt("chat", "API to load: /chat/completions or /completions", choices=("chat", "completions"))
+    num_prompts: int = opt(64, "requests measured per concurrency level and target")
+    concurrency: tuple[int, ...] | None = opt(
         None,
         "comma-separated sweep of max requests in flight (default 1,4,16,64; unbounded with --request-rate)",
-        parse_levels,
+        parse=parse_levels,
     )
-    request_rate: float | None = _opt(None, "requests per second arriving as a Poisson/gamma process", float)
-    burstiness: float = _opt(1.0, "gamma shape of the arrivals: 1 = Poisson, <1 burstier, >1 more even", float)
-    rounds: int = _opt(2, "compare mode: split each level into this many alternating rounds A,B,A,B,...", int)
-    input_len: int = _opt(256, "random prompts: about this many tokens", int)
-    output_len: int = _opt(128, "max_tokens of each request (a dataset line may set its own)", int)
-    tokenizer: str | None = _opt(None, "local Hugging Face tokenizer folder to size random prompts in real tokens", str)
-    dataset: str | None = _opt(None, 'JSONL file, one {"prompt": ...} or {"messages": [...]} per line', str)
-    ignore_eos: bool = _opt(False, "send ignore_eos=true (vLLM extension) so every request runs to max_tokens")
-    temperature: float = _opt(0.0, "sampling temperature sent with every request", float)
-    api_key: str | None = _opt(None, "bearer token (default: $OPENAI_API_KEY if set)", str)
-    seed: int = _opt(0, "seed of the random prompts and arrival times", int)
-    warmup: int = _opt(1, "requests per target sent and discarded before measuring", int)
-    timeout: float = _opt(600.0, "seconds one request may take in all", float)
-    max_requests: int = _opt(10000, "hard cap on requests sent in the whole run, warmup included", int)
-    max_duration: float = _opt(3600.0, "hard cap on the run's wall time in seconds", float)
-    slo: dict[str, float] | None = _opt(
-        None, "goodput SLOs in ms, e.g. ttft:500,tpot:50 (keys: ttft, tpot, e2el)", parse_slo
+    request_rate: float | None = opt(None, "requests per second arriving as a Poisson/gamma process")
+    burstiness: float = opt(1.0, "gamma shape of the arrivals: 1 = Poisson, <1 burstier, >1 more even")
+    rounds: int = opt(2, "compare mode: split each level into this many alternating rounds A,B,A,B,...")
+    input_len: int = opt(256, "random prompts: about this many tokens")
+    output_len: int = opt(128, "max_tokens of each request (a dataset line may set its own)")
+    tokenizer: str | None = opt(None, "local Hugging Face tokenizer folder to size random prompts in real tokens")
+    dataset: str | None = opt(None, 'JSONL file, one {"prompt": ...} or {"messages": [...]} per line')
+    ignore_eos: bool = opt(False, "send ignore_eos=true (vLLM extension) so every request runs to max_tokens",
+                            action="store_true")
+    temperature: float = opt(0.0, "sampling temperature sent with every request")
+    api_key: str | None = opt(None, "bearer token (default: $OPENAI_API_KEY if set)")
+    seed: int = opt(0, "seed of the random prompts and arrival times")
+    warmup: int = opt(1, "requests per target sent and discarded before measuring")
+    timeout: float = opt(600.0, "seconds one request may take in all")
+    max_requests: int = opt(10000, "hard cap on requests sent in the whole run, warmup included")
+    max_duration: float = opt(3600.0, "hard cap on the run's wall time in seconds")
+    slo: dict[str, float] | None = opt(
+        None, "goodput SLOs in ms, e.g. ttft:500,tpot:50 (keys: ttft, tpot, e2el)", parse=parse_slo
     )
-    output_dir: str | None = _opt(None, "where results.json and the plots go (default results/loadtest-DATE-TIME)", str)
-    allow_remote: bool = _opt(False, "allow base URLs whose host is not loopback")
+    output_dir: str | None = opt(None, "where results.json and the plots go (default results/loadtest-DATE-TIME)")
+    allow_remote: bool = opt(False, "allow base URLs whose host is not loopback", action="store_true")
 
     @property
     def levels(self) -> tuple[int | None, ...]:
@@ -113,31 +110,18 @@ class LoadTestConfig:
             raise ValueError("--temperature must be >= 0")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m loadtest") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest",
+        prog=prog,
         description="Load generator for OpenAI-compatible servers (streaming, vLLM benchmark metrics).",
     )
-    for f in dataclasses.fields(LoadTestConfig):
-        flag = "--" + f.name.replace("_", "-")
-        kwargs: dict[str, Any] = {"help": f.metadata["help"], **f.metadata["argparse"]}
-        if f.default not in (None, False, ()):
-            kwargs["help"] += f" (default: {f.default})"
-        if f.default is False:
-            kwargs["action"] = "store_true"
-        else:
-            kwargs.setdefault("type", f.metadata["parse"])
-            # argparse's "append" needs a fresh list default, turned back into a tuple below.
-            kwargs["default"] = [] if kwargs.get("action") == "append" else f.default
-        parser.add_argument(flag, **kwargs)
+    add_dataclass_args(parser, LoadTestConfig, env_prefix=None)
     return parser
 
 
-def config_from_args(argv: list[str] | None = None) -> LoadTestConfig:
-    parser = build_parser()
-    args = vars(parser.parse_args(argv))
-    args["target"] = tuple(args["target"])
-    config = LoadTestConfig(**args)
+def config_from_args(argv: list[str] | None = None, prog: str = "python -m loadtest") -> LoadTestConfig:
+    parser = build_parser(prog)
+    config = dataclass_from_args(LoadTestConfig, parser.parse_args(argv))
     try:
         config.validate()
     except ValueError as exc:

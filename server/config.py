@@ -7,29 +7,25 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from common.cli_args import add_dataclass_args, dataclass_from_args, env_name
+from common.cli_args import add_dataclass_args, dataclass_from_args, env_name, opt
 from common.engine_config import EngineConfig
-
-
-def _opt(default, help: str, **extra):
-    return field(default=default, metadata={"help": help, **extra})
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = _opt("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
-    port: int = _opt(8000, "port to listen on")
-    served_model_name: str | None = _opt(
+    host: str = opt("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
+    port: int = opt(8000, "port to listen on")
+    served_model_name: str | None = opt(
         None, "model id that clients send and /v1/models lists; default: MODEL as given, or "
               "SmolLM2-135M-Instruct for the embedded model")
-    api_key: str | None = _opt(None, "require 'Authorization: Bearer <key>' on /v1/*, /tokenize, /detokenize",
+    api_key: str | None = opt(None, "require 'Authorization: Bearer <key>' on /v1/*, /tokenize, /detokenize",
                                secret=True)
-    max_queued_requests: int = _opt(
+    max_queued_requests: int = opt(
         1024, "sequences that may wait beyond --max-num-seqs; more get 503 with Retry-After")
-    drain_timeout: float = _opt(600.0, "seconds SIGTERM waits for running requests to finish")
-    log_level: str = _opt("info", "debug | info | warning | error")
+    drain_timeout: float = opt(600.0, "seconds SIGTERM waits for running requests to finish")
+    log_level: str = opt("info", "debug | info | warning | error")
 
 
 def build_parser() -> argparse.ArgumentParser:
