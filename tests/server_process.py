@@ -1,24 +1,21 @@
 """Test helpers: the real server as a subprocess on a free port, and a strict SSE reader.
 
 The server runs the real default model in float32 (batch-invariant greedy decoding, so texts
-from a batch equal texts alone) with a small KV cache. It gets its own process group, and is
-always killed with that group at the end, so no engine or worker outlives a test.
+from a batch equal texts alone) with a small KV cache. It is a `loadtest.servers.ManagedServer`:
+its own process group, always killed with that group at the end, so no engine or worker outlives
+a test; its log lives in a temporary folder that is removed then.
 """
 from __future__ import annotations
 
-import ctypes
 import json
-import os
-import signal
-import subprocess
+import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
-from loadtest.servers import free_port
+from loadtest.servers import ManagedServer, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 240  # model load on a busy 2-core machine; the first run also converts the model
@@ -26,38 +23,21 @@ BASE_ARGS = ["--max-model-len", "2048", "--kv-cache-memory", str(128 << 20), "--
              "--device", "cpu", "--max-num-seqs", "32"]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it if the test process dies (Linux), so an
-    interrupted test run leaves no server behind."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-class ServerProcess:
+class ServerProcess(ManagedServer):
     def __init__(self, *extra_args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="server-", suffix=".log", delete=False)
-        args = [sys.executable, "-m", "server", "--port", str(self.port), *BASE_ARGS, *extra_args]
-        self.proc = subprocess.Popen(args, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+        port = free_port()
+        self.log_dir = Path(tempfile.mkdtemp(prefix="server-"))
+        super().__init__("server", [sys.executable, "-m", "server", "--port", str(port), *BASE_ARGS, *extra_args],
+                         port, self.log_dir, cwd=REPO)
 
     def wait_ready(self) -> "ServerProcess":
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_text()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"server not ready in {START_TIMEOUT_S} s:\n{self.log_text()}")
-
-    def log_text(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")
+        """Ready when /health answers 200; stopped (and the log in the error) if it never does."""
+        try:
+            super().wait_ready(START_TIMEOUT_S, probe="/health", poll_s=0.3)
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def child_pid(self, name: str) -> int:
         """The pid of the server's child process with this name (as `ps -o comm` shows it)."""
@@ -78,28 +58,12 @@ class ServerProcess:
         return self.proc.wait(timeout=timeout)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # anything left of the group
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=10)
-        self.log.close()
-        os.unlink(self.log.name)
+        super().stop()
+        shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 def start_server(*extra_args: str) -> ServerProcess:
-    server = ServerProcess(*extra_args)
-    try:
-        return server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
+    return ServerProcess(*extra_args).wait_ready()
 
 
 class SSEFormatError(AssertionError):
