@@ -17,7 +17,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None
     logprobs: list[list[TokenLogprob]] | None = None
 
 
@@ -83,7 +83,7 @@ class LLM:
             for delta in self.engine.step():
                 out, completion = children[delta.request_id]
                 completion.token_ids.extend(delta.new_token_ids)
-                if delta.logprobs is not None:
+                if delta.logprobs is not None and completion.logprobs is not None:
                     completion.logprobs.extend(delta.logprobs)
                 if delta.num_cached_tokens is not None:  # on a request's first delta
                     out.num_cached_tokens = delta.num_cached_tokens

@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 import time
 
-from common.messages import SamplingParams
+from common.messages import FinishReason, SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -36,7 +36,7 @@ class Request:
         self.block_hashes: list[int] = []
         self.num_registered_blocks = 0
         self.stop_token_ids: set[int] = set()  # the ids that end it (set by the scheduler)
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.stop_reason: int | None = None
 
     @property

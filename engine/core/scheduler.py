@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from common.messages import TokenDelta, TokenLogprob
+from common.messages import FinishReason, TokenDelta, TokenLogprob
 from engine.core.block_manager import BlockManager
 from engine.core.outputs import CachedRequestData, NewRequestData, RunnerOutput, SchedulerOutput
 from engine.core.request import Request, RequestStatus
@@ -122,7 +122,7 @@ class Scheduler:
                 num_cached_tokens=req.num_cached_tokens if first_delta else None))
         return deltas
 
-    def finish(self, req: Request, reason: str, stop_reason: int | None = None) -> None:
+    def finish(self, req: Request, reason: FinishReason, stop_reason: int | None = None) -> None:
         """Take a request out of the scheduler (finished or aborted) and free its blocks."""
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
@@ -147,7 +147,8 @@ class Scheduler:
     # ---- internals -----------------------------------------------------------------------
 
     def _check_stop(self, req: Request, token: int) -> bool:
-        reason, stop_reason = None, None
+        reason: FinishReason | None = None
+        stop_reason = None
         if req.num_output_tokens >= req.params.min_tokens and token in req.stop_token_ids:
             reason = "stop"
             stop_reason = token if token in req.params.stop_token_ids else None

@@ -48,7 +48,8 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, theta: float, scaling: dict | None):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        rope_type = (scaling or {}).get("rope_type", "default")
+        scaling = scaling or {}
+        rope_type = scaling.get("rope_type", "default")
         if rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
         elif rope_type == "linear":
@@ -57,6 +58,8 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"unsupported rope_type {rope_type!r}")
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float64), inv_freq)
         # [max_position, head_dim // 2] each; kept in float32, cast per step to the model dtype
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
         self.register_buffer("cos", freqs.cos().float(), persistent=False)
         self.register_buffer("sin", freqs.sin().float(), persistent=False)
 

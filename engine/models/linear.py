@@ -73,8 +73,8 @@ class Linear(nn.Module):
         self.method = method
         self.keep_dense_weight = keep_dense_weight
         self.dense: torch.Tensor | None = None
-        self.weight: nn.Parameter
-        self.bias: nn.Parameter | None
+        self.weight: torch.Tensor  # a Parameter; tied layers share another module's
+        self.bias: torch.Tensor | None
         method.create_weights(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

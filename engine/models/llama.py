@@ -8,6 +8,8 @@ layers store and apply their weights through the `LinearMethod` the platform cho
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,11 +33,8 @@ class Attention(nn.Module):
         self.qkv_proj = MergedLinear(arch.hidden_size, {"q": self.q_size, "k": self.kv_size, "v": self.kv_size},
                                      bias=arch.attention_bias, method=method)
         self.o_proj = Linear(self.q_size, arch.hidden_size, bias=False, method=method)
-        if arch.qk_norm:
-            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
-            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
-        else:
-            self.q_norm = self.k_norm = None
+        self.q_norm: RMSNorm | None = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm: RMSNorm | None = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.scale = arch.head_dim ** -0.5
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -43,7 +42,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         # q and k heads side by side: [num_tokens, heads + kv_heads, head_dim], rotated in one go
         qk = qkv[:, : self.q_size + self.kv_size].view(n, h + kvh, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
         q, k = apply_rope(qk, *rope).split((h, kvh), dim=1)
         v = qkv[:, self.q_size + self.kv_size:].view(n, kvh, self.head_dim)
@@ -82,7 +81,7 @@ class DecoderLayer(nn.Module):
 
 class CausalLM(nn.Module):
     # checkpoint module name -> (our merged module, its shard id): the loader's whole mapping
-    packed_modules_mapping = {
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = {
         "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
