@@ -9,8 +9,9 @@ top-k, keep the token if it lies inside the nucleus (the probability of the toke
 it is below top_p) and above min_p x the top probability, else draw again. An accepted draw is
 distributed exactly as the truncated distribution, without sorting the vocabulary; a row still
 rejected after a few rounds (a tiny nucleus) is drawn from the exact truncated distribution,
-which sorts only that row. A seeded row draws only from its own generator, so its tokens do not
-depend on the batch it is in.
+which sorts only that row. On CUDA, where a sort of the batch is cheap and the rejection loop's
+data-dependent host reads are not, the exact truncated distribution is built directly. A seeded
+row draws only from its own generator, so its tokens do not depend on the batch it is in.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def apply_top_k(x: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.T
     keep = x >= kth
     num_kept = keep.sum(-1)
     wanted = torch.where(top_k >= vocab, num_kept, k)
-    if not bool((num_kept == wanted).all()):  # ties at the k-th value: keep the lowest ids of them
+    # Ties at the k-th value: keep the lowest ids of them. (Always on CUDA: the check is a host read.)
+    if x.is_cuda or not bool((num_kept == wanted).all()):
         above = x > kth
         tied = keep & ~above
         need = (wanted - above.sum(-1)).unsqueeze(1)
@@ -66,6 +68,9 @@ def draw(probs: torch.Tensor, top_p: torch.Tensor | None, min_p: torch.Tensor | 
     """One token per row from `probs` [rows, vocab] (after temperature and top-k) truncated by
     top-p and min-p. Returns [rows] int64."""
     rows, vocab = probs.shape
+    if probs.is_cuda and (top_p is not None or min_p is not None):
+        probs = nucleus_probs(probs, top_p, min_p)
+        top_p = min_p = None
     cdf = probs.cumsum(dim=-1)  # [rows, vocab]
     pending = torch.arange(rows, device=probs.device)
     sampled = torch.empty(rows, dtype=torch.int64, device=probs.device)
@@ -73,11 +78,10 @@ def draw(probs: torch.Tensor, top_p: torch.Tensor | None, min_p: torch.Tensor | 
     for _ in range(REJECTION_ROUNDS):
         first = len(pending) == rows
         c = cdf if first else cdf[pending]
-        u = _uniform(pending, generators, default_generator, probs.device)
-        token = torch.searchsorted(c, (u * c[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=vocab - 1)
+        u = _uniform(None if first else pending, rows, generators, default_generator, probs.device)
+        token = _inverse_cdf(c, u)
         if top_p is None and min_p is None:
-            sampled[pending] = token
-            return sampled
+            return token
         p = probs if first else probs[pending]
         ok = _inside(p, token, None if top_p is None else top_p[pending],
                      None if min_p is None else min_p[pending], None if top_prob is None else top_prob[pending])
@@ -87,10 +91,16 @@ def draw(probs: torch.Tensor, top_p: torch.Tensor | None, min_p: torch.Tensor | 
             return sampled
     exact = nucleus_probs(probs[pending], None if top_p is None else top_p[pending],
                           None if min_p is None else min_p[pending])
-    c = exact.cumsum(dim=-1)
-    u = _uniform(pending, generators, default_generator, probs.device)
-    sampled[pending] = torch.searchsorted(c, (u * c[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=vocab - 1)
+    sampled[pending] = _inverse_cdf(exact.cumsum(dim=-1), _uniform(pending, rows, generators, default_generator,
+                                                                  probs.device))
     return sampled
+
+
+def _inverse_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token whose cumulative-probability interval holds u x total, per row ([rows] int64).
+    `right=True` never lands on a zero-probability token: its interval is empty."""
+    token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+    return token.clamp_(max=cdf.shape[1] - 1)
 
 
 def _inside(probs: torch.Tensor, token: torch.Tensor, top_p: torch.Tensor | None, min_p: torch.Tensor | None,
@@ -109,12 +119,13 @@ def _inside(probs: torch.Tensor, token: torch.Tensor, top_p: torch.Tensor | None
     return ok
 
 
-def _uniform(pending: torch.Tensor, generators: list[tuple[int, torch.Generator]],
+def _uniform(pending: torch.Tensor | None, rows: int, generators: list[tuple[int, torch.Generator]],
              default_generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """One uniform in [0, 1) per pending row; a seeded row's comes from its own generator."""
-    u = torch.rand(len(pending), generator=default_generator, device=device)
+    """One uniform in [0, 1) per pending row (None: every row); a seeded row's comes from its own
+    generator."""
+    u = torch.rand(rows if pending is None else len(pending), generator=default_generator, device=device)
     if generators:
-        where = {int(r): i for i, r in enumerate(pending.tolist())}
+        where = {r: r for r in range(rows)} if pending is None else {int(r): i for i, r in enumerate(pending.tolist())}
         for row, gen in generators:
             i = where.get(row)
             if i is not None:
