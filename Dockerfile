@@ -26,8 +26,16 @@ RUN pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} -r requ
 COPY common/ common/
 ENV LLM_MODEL_CACHE=/opt/llm-serve/models
 RUN python -c "from common.default_model import ensure_default_model; print(ensure_default_model())"
+# Our packages into the venv, --no-deps like `make install` (there editable): everything they
+# need is pinned above. The runtime stage then needs no source tree and no PYTHONPATH.
+COPY pyproject.toml ./
+COPY engine/ engine/
+COPY tokenizer_worker/ tokenizer_worker/
+COPY server/ server/
+COPY loadtest/ loadtest/
+RUN pip install --no-deps .
 
-# Runtime: the venv, the converted model and our code; no pip cache, no build context.
+# Runtime: the venv (our code installed in it) and the converted model; no pip cache, no build context.
 FROM ${BASE_IMAGE}
 # A numeric USER lets Kubernetes' runAsNonRoot verify the user without reading /etc/passwd.
 RUN useradd --no-log-init --create-home --uid 1000 --user-group llm
@@ -36,14 +44,9 @@ COPY --from=build /opt/venv /opt/venv
 # on first start (from the GGUF in the image, still offline).
 COPY --from=build --chown=1000:1000 /opt/llm-serve/models /opt/llm-serve/models
 WORKDIR /app
-COPY common/ common/
-COPY engine/ engine/
-COPY tokenizer_worker/ tokenizer_worker/
-COPY server/ server/
 # LLM_HOST: reachable through the published port (the CLI's own default is 127.0.0.1).
 # HF_HUB_OFFLINE: models come from local folders only; nothing is downloaded at run time.
 ENV PATH=/opt/venv/bin:$PATH \
-    PYTHONPATH=/app \
     PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 \
     LLM_MODEL_CACHE=/opt/llm-serve/models \
@@ -55,6 +58,6 @@ EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('LLM_PORT', '8000'), timeout=4)"]
 # `docker run IMAGE` serves the default model; `docker run IMAGE /models/x --max-model-len 4096`
-# passes model and flags to the server's CLI.
-ENTRYPOINT ["python", "-m", "server"]
+# passes model and flags to the server's CLI (`llm-serve serve`, the same as `python -m server`).
+ENTRYPOINT ["llm-serve", "serve"]
 CMD []

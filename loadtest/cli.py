@@ -59,8 +59,8 @@ def _describe_plan(
         print(f"WARNING: the plan has {planned} requests, --max-requests {config.max_requests} will stop it early")
 
 
-def main(argv: list[str] | None = None) -> int:
-    config = config_from_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m loadtest") -> int:
+    config = config_from_args(argv, prog)
     started_at = datetime.datetime.now()
     out_dir = Path(config.output_dir or f"results/loadtest-{started_at:%Y%m%d-%H%M%S}")
     try:

@@ -22,8 +22,8 @@ MAX_HEADER_BYTES = 64 << 10
 GRACEFUL_SHUTDOWN_S = 10  # after our drain only idle keep-alive connections remain
 
 
-def main(argv: list[str] | None = None) -> int:
-    server_config, engine_config = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m server") -> int:
+    server_config, engine_config = parse_args(argv, prog)
     multiprocessing.current_process().name = "server"
     logging.basicConfig(level=server_config.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     try:

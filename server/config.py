@@ -28,9 +28,9 @@ class ServerConfig:
     log_level: str = opt("info", "debug | info | warning | error")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m server") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m server",
+        prog=prog,
         description="OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models, "
                     "/health, /metrics, /tokenize, /detokenize.")
     parser.add_argument("model", nargs="?", default=os.environ.get(env_name("model")),
@@ -41,6 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, EngineConfig]:
-    args = build_parser().parse_args(argv)
+def parse_args(argv: list[str] | None = None, prog: str = "python -m server") -> tuple[ServerConfig, EngineConfig]:
+    args = build_parser(prog).parse_args(argv)
     return dataclass_from_args(ServerConfig, args), dataclass_from_args(EngineConfig, args)
