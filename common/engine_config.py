@@ -21,11 +21,12 @@ class EngineConfig:
     max_num_seqs: int = opt(64, "most sequences in one engine step")
     max_num_batched_tokens: int = opt(512, "token budget of one engine step (prefill chunks + decodes)")
     block_size: int = opt(16, "tokens per KV cache block")
-    kv_cache_memory: int | None = opt(None, "bytes for the KV cache; default: a fraction of free memory (on CPU at most 4 GiB)")
+    kv_cache_memory: int | None = opt(
+        None, "bytes for the KV cache; default: a fraction of free memory (on CPU at most 4 GiB)")
     gpu_memory_utilization: float = opt(0.9, "fraction of device memory the engine may use (CUDA)")
     cpu_kv_cache_fraction: float = opt(0.25, "fraction of available host memory for the KV cache (CPU)")
     enable_prefix_caching: bool = opt(True, "reuse the KV blocks of a shared prompt prefix")
     seed: int = opt(0, "seed of the generator for requests without their own seed")
 
-    def replace(self, **changes) -> "EngineConfig":
+    def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

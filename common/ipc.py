@@ -27,7 +27,7 @@ class IpcPaths:
     directory: str
 
     @classmethod
-    def create(cls) -> "IpcPaths":
+    def create(cls) -> IpcPaths:
         return cls(tempfile.mkdtemp(prefix="llm-serve-"))  # mode 0700
 
     def address(self, name: str) -> str:

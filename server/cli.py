@@ -7,8 +7,8 @@ import sys
 
 import uvicorn
 
-from common.default_model import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model, resolve_model_path
 from common.child_process import LOG_FORMAT
+from common.default_model import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model, resolve_model_path
 from server.app import create_app
 from server.config import parse_args
 from server.draining import DrainingServer

@@ -21,9 +21,9 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from common.messages import EngineReady, FinishReason, GenerateRequest, StopReason, TextDelta, TextLogprob, Usage
-from server.worker_client import RequestStream, WorkerClient
 from server.errors import ApiError, bad_request, error_body
 from server.state import ServingState
+from server.worker_client import RequestStream, WorkerClient
 
 DISCONNECT_POLL_S = 0.1
 CLIENT_CLOSED_REQUEST = 499  # nginx's code; nobody reads it, the client is gone
@@ -57,7 +57,7 @@ class ResponseIds:
     model: str
 
     @classmethod
-    def new(cls, prefix: str, model: str) -> "ResponseIds":
+    def new(cls, prefix: str, model: str) -> ResponseIds:
         return cls(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
 
 

@@ -65,7 +65,7 @@ class ServerMetrics:
         self.kv_cache_usage_perc.set(s.kv_cache_usage)
         counts = (s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions)
         for counter, now, before in zip((self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions),
-                                        counts, self._last_engine_counts):
+                                        counts, self._last_engine_counts, strict=True):
             if now > before:
                 counter.inc(now - before)
         self._last_engine_counts = counts

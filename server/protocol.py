@@ -103,9 +103,9 @@ class SamplingFields(UnsupportedFieldsCheck):
 
 
 class ChatCompletionRequest(SamplingFields):
-    unsupported: ClassVar[tuple[str, ...]] = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
-                        "response_format", "modalities", "audio", "prediction", "web_search_options",
-                        "reasoning_effort", "store", "metadata", "service_tier")
+    unsupported: ClassVar[tuple[str, ...]] = (
+        "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "response_format", "modalities",
+        "audio", "prediction", "web_search_options", "reasoning_effort", "store", "metadata", "service_tier")
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None

@@ -45,7 +45,8 @@ def _sampling_params(body: SamplingFields, defaults: dict, vocab_size: int, max_
     if max_tokens is None:
         max_tokens = defaults.get("max_tokens")
     # Bounded here because msgpack carries 64-bit integers only; the engine checks the rest.
-    for field, value, limit in (("max_tokens", max_tokens, max_model_len), ("min_tokens", body.min_tokens, max_model_len),
+    for field, value, limit in (("max_tokens", max_tokens, max_model_len),
+                                ("min_tokens", body.min_tokens, max_model_len),
                                 ("top_k", body.top_k, _INT64_MAX), ("seed", body.seed, 2**64 - 1)):
         if value is not None and abs(value) > limit:
             name = "max_model_len" if limit == max_model_len else "the largest allowed value"

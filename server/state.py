@@ -14,10 +14,10 @@ from common.engine_config import EngineConfig
 from common.ipc import IpcPaths
 from common.messages import EngineReady
 from server.config import ServerConfig
-from server.worker_client import WorkerClient
 from server.errors import ApiError, unavailable
 from server.metrics import ServerMetrics
 from server.processes import ChildProcesses
+from server.worker_client import WorkerClient
 
 logger = logging.getLogger(__name__)
 

@@ -46,7 +46,8 @@ def tiny_llama_dir(tmp_path_factory):
 def tiny_llama3_dir(tmp_path_factory):
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64, "rope_theta": 500000.0}
-    return _save_tiny(tmp_path_factory, "tiny-llama3", tiny_llama_config(rope_parameters=scaling, tie_word_embeddings=True))
+    return _save_tiny(tmp_path_factory, "tiny-llama3",
+                      tiny_llama_config(rope_parameters=scaling, tie_word_embeddings=True))
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ class ServerProcess(ManagedServer):
         super().__init__("server", [sys.executable, "-m", "server", "--port", str(port), *BASE_ARGS, *extra_args],
                          port, self.log_dir, cwd=REPO)
 
-    def wait_ready(self) -> "ServerProcess":
+    def wait_ready(self) -> ServerProcess:
         """Ready when /health answers 200; stopped (and the log in the error) if it never does."""
         try:
             super().wait_ready(START_TIMEOUT_S, probe="/health", poll_s=0.3)

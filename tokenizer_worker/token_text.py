@@ -26,7 +26,7 @@ def _byte_level_decoder() -> dict[str, int]:
             printable.append(b)
             symbols.append(256 + extra)
             extra += 1
-    return {chr(s): b for b, s in zip(printable, symbols)}
+    return {chr(s): b for b, s in zip(printable, symbols, strict=True)}
 
 
 class TokenText:

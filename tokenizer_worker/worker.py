@@ -13,8 +13,8 @@ import logging
 import msgspec
 import zmq
 
-from common.errors import InvalidRequest
 from common.child_process import IDLE_POLL_MS, ParentWatch, run_child
+from common.errors import InvalidRequest
 from common.ipc import Channel, IpcPaths, drain, open_socket
 from common.messages import (AbortRequest, DetokenizeRequest, DetokenizeResponse, EngineOutputs, EngineReady,
                              EngineRequest, FromEngine, GenerateRequest, ProcessError, PromptAccepted,

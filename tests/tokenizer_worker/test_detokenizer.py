@@ -33,7 +33,7 @@ def byte_to_char() -> dict[int, str]:
             printable.append(b)
             chars.append(256 + extra)
             extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars)}
+    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
 
 
 def wrap(backend: Tokenizer) -> PreTrainedTokenizerFast:
