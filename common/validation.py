@@ -76,4 +76,4 @@ def resolve_max_tokens(prompt_token_ids: Sequence[int], vocab_size: int, max_tok
     return max_tokens
 
 
-validate_prompt = resolve_max_tokens  # used by engine/llm_engine.py until it is switched over
+validate_prompt = resolve_max_tokens  # used by engine/core/engine_core.py until it is switched over
