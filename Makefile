@@ -24,11 +24,13 @@ $(STAMP): requirements.txt requirements-model.txt pyproject.toml
 serve: install
 	$(PY) -m server --host $(HOST) --port $(PORT)
 
-test: install
+test: install lint
 	$(PY) -m pytest -q
 
+# ruff over the whole tree, mypy over the engine (configured in pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy engine
 
 # Our engine vs transformers on the default model, side by side in one run.
 bench-engine: install

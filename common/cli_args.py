@@ -55,7 +55,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ..
         meta = f.metadata
         kwargs: dict[str, Any] = dict(meta.get("argparse", {}))
         parse = meta.get("parse") or _scalar_type(f.type)
-        default = f.default
+        default: Any = f.default
         env = env_name(f.name, env_prefix) if env_prefix is not None else None
         if env is not None and os.environ.get(env) is not None:
             text = os.environ[env]

@@ -77,8 +77,8 @@ def _convert(gguf_path: Path, out_dir: Path) -> None:
     # de-quantized floats, and with those left in place the folder can't be saved or reloaded.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.hf_quantizer = None
-    model.is_quantized = False
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers' attributes, untyped
+    model.is_quantized = False  # type: ignore[assignment]
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     # SmolLM2's own generation config on the Hub; the GGUF carries only the token ids.

@@ -76,4 +76,3 @@ def resolve_max_tokens(prompt_token_ids: Sequence[int], vocab_size: int, max_tok
     return max_tokens
 
 
-validate_prompt = resolve_max_tokens  # used by engine/core/engine_core.py until it is switched over

@@ -15,7 +15,7 @@ import zmq
 
 from common.child_process import IDLE_POLL_MS, ParentWatch, run_child
 from common.engine_config import EngineConfig
-from common.ipc import Channel, IpcPaths, open_socket
+from common.ipc import Channel, IpcPaths, drain, open_socket
 from common.messages import (AbortRequest, EngineOutputs, EngineReady, EngineRequest, EngineStats, TokenDelta,
                              ToEngine)
 
@@ -72,12 +72,8 @@ class EngineLoop:
     def _drain_inbox(self, block: bool) -> None:
         if block and not self.poller.poll(IDLE_POLL_MS):
             return
-        while True:
-            try:
-                frame = self.inbox.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self._handle(self.decoder.decode(frame.buffer))
+        for buffer in drain(self.inbox):
+            self._handle(self.decoder.decode(buffer))
 
     def _handle(self, msg) -> None:
         if isinstance(msg, EngineRequest):

@@ -61,7 +61,7 @@ class LLM:
         children: dict[str, tuple[RequestOutput, CompletionOutput]] = {}
         to_decode: list[tuple[CompletionOutput, bool]] = []  # with its request's skip_special_tokens
         try:
-            for prompt, p in zip(prompts, params_list):
+            for prompt, p in zip(prompts, params_list, strict=True):
                 text = prompt if isinstance(prompt, str) else None
                 ids = self.tokenizer.encode(prompt, add_special_tokens=False) if text is not None else list(prompt)
                 request_id = str(self._next_id)

@@ -35,7 +35,7 @@ class CpuFeatures:
     onednn_bf16: bool  # oneDNN has a bf16 path on this CPU (AVX512-BF16 or AMX)
 
     @classmethod
-    def detect(cls) -> "CpuFeatures":
+    def detect(cls) -> CpuFeatures:
         flags = _cpu_flags()
         return cls(isa=torch.backends.cpu.get_cpu_capability(), avx512_bf16="avx512_bf16" in flags,
                    avx512_vnni="avx512_vnni" in flags, amx_bf16="amx_bf16" in flags, amx_int8="amx_int8" in flags,
@@ -54,14 +54,15 @@ class Platform(abc.ABC):
         self.device, self.dtype = device, dtype
 
     @staticmethod
-    def create(device_name: str, dtype_name: str) -> "Platform":
+    def create(device_name: str, dtype_name: str) -> Platform:
         device = resolve_device(device_name)
         if device.type == "cuda":
             return CudaPlatform(device, resolve_dtype(dtype_name, device))
         return CpuPlatform(device, resolve_dtype(dtype_name, device))
 
+    @abc.abstractmethod
     def configure_threads(self) -> None:
-        pass
+        """Size the host thread pool for this device."""
 
     @abc.abstractmethod
     def available_memory(self) -> int:
@@ -111,6 +112,9 @@ class CpuPlatform(Platform):
 
 
 class CudaPlatform(Platform):
+    def configure_threads(self) -> None:
+        pass  # the host threads only launch kernels: torch's defaults are fine
+
     def available_memory(self) -> int:
         free, _total = torch.cuda.mem_get_info(self.device)
         return free

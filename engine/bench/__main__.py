@@ -103,7 +103,8 @@ def report(engine: LLMEngine, args, r: dict[str, RunResult], bandwidth: float, g
           f"prompts {args.prompt_len} tokens, {args.output_len} new tokens, greedy, EOS ignored")
     print(f"measured: memory read {bandwidth / 1e9:.1f} GB/s, {dtype} GEMM {gemm / 1e9:.0f} GFLOP/s; "
           f"weights read per decode step {weight_bytes / 1e6:.0f} MB")
-    print(f"{'workload':<22}{'ours tok/s':>12}{'hf tok/s':>12}{'ratio':>8}{'ours TTFT':>12}{'hf TTFT':>10}  limit reached")
+    print(f"{'workload':<22}{'ours tok/s':>12}{'hf tok/s':>12}{'ratio':>8}{'ours TTFT':>12}{'hf TTFT':>10}"
+          "  limit reached")
     print(f"{'batch 1':<22}{r['ours_1'].output_tps:>12.1f}{r['hf_1'].output_tps:>12.1f}"
           f"{r['ours_1'].output_tps / r['hf_1'].output_tps:>7.2f}x{r['ours_1'].ttft * 1e3:>10.0f}ms"
           f"{r['hf_1'].ttft * 1e3:>8.0f}ms  {share_bw:.0%} of bandwidth (decode {r['ours_1'].decode_tps:.1f} tok/s)")

@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
                         best[name][workload] = figures
     print(f"\n{args.dtype}; {args.prompt_len}-token random prompts, {args.output_len} new tokens, EOS ignored; "
           f"sampled = temperature 0.8, top_p 0.95, presence_penalty 0.5; best of {args.rounds} rounds")
-    print(f"{'workload':<20}{'checkout':<10}" + "".join(f"{label:>17}" for _, label, _ in COLUMNS) + f"{'tok/s ratio':>13}")
+    labels = "".join(f"{label:>17}" for _, label, _ in COLUMNS)
+    print(f"{'workload':<20}{'checkout':<10}{labels}{'tok/s ratio':>13}")
     for workload in best["after"]:
         for side in ("before", "after"):
             figures = best[side][workload]

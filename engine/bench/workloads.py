@@ -52,7 +52,8 @@ def sampling_params(output_len: int, sampled: bool):
     return params_cls(max_tokens=output_len, ignore_eos=True, **fields)
 
 
-def build_engine(model: str | None, dtype: str, device: str, batch: int, max_num_batched_tokens: int, max_model_len: int):
+def build_engine(model: str | None, dtype: str, device: str, batch: int, max_num_batched_tokens: int,
+                 max_model_len: int):
     config_cls = _import("common.engine_config.EngineConfig", "engine.config.EngineConfig")
     from engine.llm_engine import LLMEngine
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from common.messages import EngineStats, SamplingParams, TokenDelta
-from common.validation import validate_prompt, validate_sampling_params
+from common.validation import resolve_max_tokens, validate_sampling_params
 from engine.core.outputs import RunnerOutput, SchedulerOutput
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
@@ -42,7 +42,8 @@ class EngineCore:
         validate_sampling_params(sampling_params, self.vocab_size)
         if sampling_params.n != 1:
             raise ValueError("n: the engine runs one sequence per request; fan out with common.parallel_sampling")
-        max_tokens = validate_prompt(prompt_token_ids, self.vocab_size, sampling_params.max_tokens, self.max_model_len)
+        max_tokens = resolve_max_tokens(prompt_token_ids, self.vocab_size, sampling_params.max_tokens,
+                                        self.max_model_len)
         self.scheduler.add_request(Request(request_id, prompt_token_ids, sampling_params, max_tokens, arrival_time))
 
     def abort(self, request_id: str) -> bool:

@@ -65,5 +65,5 @@ class RunnerOutput:
     logprobs: list[list[list[float]] | None] | None = None
 
     @classmethod
-    def empty(cls) -> "RunnerOutput":
+    def empty(cls) -> RunnerOutput:
         return cls([], [])

@@ -176,4 +176,4 @@ def _logprobs(ro: RunnerOutput, i: int, num_accepted: int) -> list[list[TokenLog
     ids, values = ro.logprob_token_ids[i], ro.logprobs[i]
     if ids is None or values is None:
         return None
-    return [[TokenLogprob(t, v) for t, v in zip(ids[j], values[j])] for j in range(num_accepted)]
+    return [[TokenLogprob(t, v) for t, v in zip(ids[j], values[j], strict=True)] for j in range(num_accepted)]

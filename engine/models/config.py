@@ -31,7 +31,7 @@ class ModelArch:
     qk_norm: bool
 
     @classmethod
-    def from_hf_config(cls, cfg: dict) -> "ModelArch":
+    def from_hf_config(cls, cfg: dict) -> ModelArch:
         model_type = cfg["model_type"]
         if model_type not in ("llama", "qwen3"):
             raise ValueError(f"unsupported model_type {model_type!r}: this engine runs llama and qwen3")

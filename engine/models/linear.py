@@ -22,17 +22,17 @@ class LinearMethod:
 
     name = "dense"
 
-    def create_weights(self, layer: "Linear") -> None:
+    def create_weights(self, layer: Linear) -> None:
         layer.weight = nn.Parameter(torch.empty(layer.output_size, layer.input_size), requires_grad=False)
         layer.bias = nn.Parameter(torch.empty(layer.output_size), requires_grad=False) if layer.has_bias else None
 
-    def process_weights_after_loading(self, layer: "Linear") -> None:
+    def process_weights_after_loading(self, layer: Linear) -> None:
         pass
 
-    def apply(self, layer: "Linear", x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, layer.weight, layer.bias)
 
-    def dense_weight(self, layer: "Linear") -> torch.Tensor:
+    def dense_weight(self, layer: Linear) -> torch.Tensor:
         """The weight as a plain [out, in] tensor (for row lookups such as the LM head's)."""
         return layer.weight
 
@@ -50,17 +50,17 @@ class OneDnnPackedMethod(LinearMethod):
     def __init__(self, batch_hint: int):
         self.batch_hint = batch_hint
 
-    def process_weights_after_loading(self, layer: "Linear") -> None:
+    def process_weights_after_loading(self, layer: Linear) -> None:
         dense = layer.weight.detach()
         if layer.keep_dense_weight:
             layer.dense = dense  # for row lookups; for a tied LM head this is the embedding itself
         packed = torch.ops.mkldnn._reorder_linear_weight(dense, self.batch_hint)
         layer.weight = nn.Parameter(packed, requires_grad=False)
 
-    def apply(self, layer: "Linear", x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "none", [], "")
 
-    def dense_weight(self, layer: "Linear") -> torch.Tensor:
+    def dense_weight(self, layer: Linear) -> torch.Tensor:
         assert layer.dense is not None, "packed layer without a dense copy (keep_dense_weight=False)"
         return layer.dense
 

@@ -141,7 +141,8 @@ class ModelRunner:
         input_ids = b.token_ids.view(-1).index_select(0, token_index)
         samples = np.flatnonzero(seq_lens == b.num_tokens[rows])
         sampled_rows = rows[samples]
-        return ModelInputs(request_ids, input_ids, step.positions, step, self._logits_indices.stage(qsl[1:][samples] - 1),
+        logits_indices = self._logits_indices.stage(qsl[1:][samples] - 1)
+        return ModelInputs(request_ids, input_ids, step.positions, step, logits_indices,
                            [request_ids[i] for i in samples], sampled_rows, self._sampled_rows.stage(sampled_rows))
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:

@@ -123,7 +123,8 @@ class SamplingState:
                 pos = torch.from_numpy(np.flatnonzero(penalised)).to(self.device)
                 counts.index_put_((rows_dev[pos], sampled[pos]), torch.ones(len(pos), device=self.device),
                                   accumulate=True)
-        reached = [r for r, (min_tokens, _, _) in self.min_tokens_bans.items() if self.num_output_tokens[r] >= min_tokens]
+        reached = [r for r, (min_tokens, _, _) in self.min_tokens_bans.items()
+                   if self.num_output_tokens[r] >= min_tokens]
         for row in reached:
             _, ids, restore = self.min_tokens_bans.pop(row)
             assert self._bias is not None

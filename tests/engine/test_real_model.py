@@ -34,7 +34,7 @@ def test_greedy_equals_transformers_generate(llm, chat_prompts):
     params = SamplingParams(temperature=0, max_tokens=32, min_tokens=32)
     ours = llm.generate(chat_prompts, params)
     hf = AutoModelForCausalLM.from_pretrained(str(llm.engine.model_dir), dtype=torch.float32).eval()
-    for prompt, out in zip(chat_prompts, ours):
+    for prompt, out in zip(chat_prompts, ours, strict=True):
         ids = torch.tensor([out.prompt_token_ids])
         ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
                           do_sample=False)[0, ids.shape[1]:].tolist()
@@ -60,7 +60,7 @@ def test_n_choices_logprobs_and_prefix_cache(llm, chat_prompts):
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
     for c in out.outputs:
         assert len(c.logprobs) == len(c.token_ids)
-        assert all(len(entry) == 3 and entry[0].token_id == t for entry, t in zip(c.logprobs, c.token_ids))
+        assert all(len(entry) == 3 and entry[0].token_id == t for entry, t in zip(c.logprobs, c.token_ids, strict=True))
         assert all(entry[0].logprob <= 0 for entry in c.logprobs)
     again = llm.generate(chat_prompts[0], SamplingParams(temperature=0, max_tokens=4))[0]
     assert again.num_cached_tokens >= 16 * (len(again.prompt_token_ids) // 16 - 1)
@@ -102,8 +102,8 @@ def test_bf16_top_k_1_and_tiny_top_p_give_the_greedy_text(bf16_llm):
     for params in (SamplingParams(temperature=1.0, top_k=1, max_tokens=24, seed=5),
                    SamplingParams(temperature=1.0, top_p=1e-9, max_tokens=24)):
         other = bf16_llm.generate(prompts, params)
-        for g, o in zip(greedy, other):
+        for g, o in zip(greedy, other, strict=True):
             assert o.outputs[0].token_ids == g.outputs[0].token_ids, params
     for g in greedy:
-        for token, entry in zip(g.outputs[0].token_ids, g.outputs[0].logprobs):
+        for token, entry in zip(g.outputs[0].token_ids, g.outputs[0].logprobs, strict=True):
             assert entry[0].token_id == token and entry[1].token_id == token
