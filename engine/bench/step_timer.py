@@ -1,17 +1,16 @@
 """Where an engine step's time goes: the model's forward (LM head included), the sampler, and the
 host work around them (schedule, input preparation, update).
 
-It times the step from outside: `CausalLM.forward`, `CausalLM.compute_logits` and the sampler's
-`__call__` are wrapped for the duration of a run, and host time is the step's wall time minus
-theirs. On CPU every op is synchronous, so the split is exact; on CUDA the sampler's wall time
-also absorbs the forward's queued kernels (its `.tolist()` waits for them). Only names that
-every version of the engine has are used, so `engine.bench.commits` can time an older checkout
-with the same code.
+It times the step from outside: the model's `forward` and `compute_logits` and the runner's
+sampler's `__call__` are wrapped (on their classes, found through the engine instance) for the
+duration of a run, and host time is the step's wall time minus theirs. On CPU every op is
+synchronous, so the split is exact; on CUDA the step's final `.tolist()` absorbs the queued
+kernels. Only names that every version of the engine has are used, so `engine.bench.commits`
+can time an older checkout with the same code.
 """
 from __future__ import annotations
 
 import contextlib
-import importlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,22 +32,11 @@ class StepTimes:
         return 1e3 * seconds / max(self.steps, 1)
 
 
-def _sampler_class():
-    for module, name in (("engine.sample.sampler", "Sampler"), ("engine.sampler", "Sampler")):
-        try:
-            return getattr(importlib.import_module(module), name)
-        except ImportError:
-            continue
-    raise ImportError("no sampler class found")
-
-
 @contextlib.contextmanager
-def timed_engine(times: StepTimes) -> Iterator[StepTimes]:
+def timed_engine(engine, times: StepTimes) -> Iterator[StepTimes]:
     """Wrap the model's forward, its LM head and the sampler so that their time adds to `times`."""
-    from engine.models.llama import CausalLM
-
-    sampler_cls = _sampler_class()
-    wrapped = [(CausalLM, "forward", "forward_s"), (CausalLM, "compute_logits", "forward_s"),
+    model_cls, sampler_cls = type(engine.model), type(engine.runner.sampler)
+    wrapped = [(model_cls, "forward", "forward_s"), (model_cls, "compute_logits", "forward_s"),
                (sampler_cls, "__call__", "sample_s")]
     originals = []
     for cls, name, slot in wrapped:

@@ -75,7 +75,7 @@ def run_ours(engine, prompts: list[list[int]], output_len: int, sampled: bool = 
     times = step_timer.StepTimes()
     first: dict[str, float] = {}
     tokens = 0
-    with step_timer.timed_engine(times):
+    with step_timer.timed_engine(engine, times):
         start = time.perf_counter()
         for i, p in enumerate(prompts):
             engine.add_request(f"bench-{i}", p, params)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,8 +20,10 @@ from engine.models.config import ModelArch
 from engine.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from engine.models.linear import Linear, LinearMethod, MergedLinear
 
-# LM-head candidates per row whose logits are recomputed in float32 (see CausalLM.compute_logits)
-REFINED_CANDIDATES = 4
+# bfloat16 rounds a logit v by at most |v| * 2**-8, so any token whose rounded logit is within
+# twice that of the rounded maximum may hold the true maximum (see CausalLM.compute_logits).
+BF16_TIE_MARGIN = 2.0**-7
+MAX_REFINED_PER_ROW = 16  # a flat distribution would make everything a candidate: cap the work
 
 
 class Attention(nn.Module):
@@ -119,9 +122,25 @@ class CausalLM(nn.Module):
         that of the unrounded model."""
         logits = self.lm_head(hidden).float()
         if hidden.dtype != torch.float32:
-            num_seqs, k = hidden.shape[0], min(REFINED_CANDIDATES, logits.shape[1])
-            ids = logits.topk(k, dim=-1).indices  # [num_seqs, k]
-            rows = self.lm_head.dense_weight().index_select(0, ids.flatten()).view(num_seqs, k, -1)
-            exact = torch.bmm(rows.float(), hidden.float().unsqueeze(2)).squeeze(2)  # [num_seqs, k]
-            logits.scatter_(1, ids, exact)
+            _refine_top_logits(logits, hidden, self.lm_head.dense_weight())
         return logits
+
+
+def _refine_top_logits(logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor) -> None:
+    """Recompute in float32, in place, the logits of the tokens that could be each row's true
+    maximum. logits: [num_seqs, vocab] float32 (rounded); hidden: [num_seqs, hidden]; weight:
+    [vocab, hidden] in the model's dtype."""
+    num_seqs, vocab = logits.shape
+    top = logits.amax(dim=-1, keepdim=True)
+    near = logits >= top - top.abs() * BF16_TIE_MARGIN  # [num_seqs, vocab] bool
+    if near.is_cpu:
+        flat = torch.from_numpy(np.flatnonzero(near.numpy()))  # numpy's is several times faster here
+    else:
+        flat = near.view(-1).nonzero().squeeze(1)
+    if len(flat) > MAX_REFINED_PER_ROW * num_seqs:
+        k = min(MAX_REFINED_PER_ROW, vocab)
+        ids = logits.topk(k, dim=-1).indices
+        flat = (ids + torch.arange(num_seqs, device=ids.device).unsqueeze(1) * vocab).flatten()
+    rows, cols = flat // vocab, flat % vocab
+    exact = (weight.index_select(0, cols).float() * hidden.index_select(0, rows).float()).sum(dim=-1)
+    logits.view(-1).index_copy_(0, flat, exact)
