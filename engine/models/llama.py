@@ -23,7 +23,9 @@ from engine.models.linear import Linear, LinearMethod, MergedLinear
 # bfloat16 rounds a logit v by at most |v| * 2**-8, so any token whose rounded logit is within
 # twice that of the rounded maximum may hold the true maximum (see CausalLM.compute_logits).
 BF16_TIE_MARGIN = 2.0**-7
-MAX_REFINED_PER_ROW = 16  # a flat distribution would make everything a candidate: cap the work
+# On CUDA (where a data-dependent count would be a host read), and where a flat distribution puts
+# too many tokens near the maximum, the best few per row are taken instead.
+REFINED_PER_ROW = 8
 
 
 class Attention(nn.Module):
@@ -131,15 +133,13 @@ def _refine_top_logits(logits: torch.Tensor, hidden: torch.Tensor, weight: torch
     maximum. logits: [num_seqs, vocab] float32 (rounded); hidden: [num_seqs, hidden]; weight:
     [vocab, hidden] in the model's dtype."""
     num_seqs, vocab = logits.shape
-    top = logits.amax(dim=-1, keepdim=True)
-    near = logits >= top - top.abs() * BF16_TIE_MARGIN  # [num_seqs, vocab] bool
-    if near.is_cpu:
-        flat = torch.from_numpy(np.flatnonzero(near.numpy()))  # numpy's is several times faster here
-    else:
-        flat = near.view(-1).nonzero().squeeze(1)
-    if len(flat) > MAX_REFINED_PER_ROW * num_seqs:
-        k = min(MAX_REFINED_PER_ROW, vocab)
-        ids = logits.topk(k, dim=-1).indices
+    flat = None
+    if logits.is_cpu:  # the tokens near the maximum (numpy's nonzero is several times faster here)
+        top = logits.amax(dim=-1, keepdim=True)
+        near = logits >= top - top.abs() * BF16_TIE_MARGIN  # [num_seqs, vocab] bool
+        flat = torch.from_numpy(np.flatnonzero(near.numpy()))
+    if flat is None or len(flat) > REFINED_PER_ROW * num_seqs:
+        ids = logits.topk(min(REFINED_PER_ROW, vocab), dim=-1).indices
         flat = (ids + torch.arange(num_seqs, device=ids.device).unsqueeze(1) * vocab).flatten()
     rows, cols = flat // vocab, flat % vocab
     exact = (weight.index_select(0, cols).float() * hidden.index_select(0, rows).float()).sum(dim=-1)

@@ -71,18 +71,15 @@ def draw(probs: torch.Tensor, top_p: torch.Tensor | None, min_p: torch.Tensor | 
     if probs.is_cuda and (top_p is not None or min_p is not None):
         probs = nucleus_probs(probs, top_p, min_p)
         top_p = min_p = None
-    cdf = probs.cumsum(dim=-1)  # [rows, vocab]
     pending = torch.arange(rows, device=probs.device)
     sampled = torch.empty(rows, dtype=torch.int64, device=probs.device)
-    top_prob = probs.max(dim=-1).values if min_p is not None else None
+    top_prob = probs.amax(dim=-1) if min_p is not None else None
     for _ in range(REJECTION_ROUNDS):
         first = len(pending) == rows
-        c = cdf if first else cdf[pending]
-        u = _uniform(None if first else pending, rows, generators, default_generator, probs.device)
-        token = _inverse_cdf(c, u)
+        p = probs if first else probs[pending]
+        token = _inverse_cdf(p, _uniform(None if first else pending, rows, generators, default_generator, probs.device))
         if top_p is None and min_p is None:
             return token
-        p = probs if first else probs[pending]
         ok = _inside(p, token, None if top_p is None else top_p[pending],
                      None if min_p is None else min_p[pending], None if top_prob is None else top_prob[pending])
         sampled[pending[ok]] = token[ok]
@@ -91,16 +88,28 @@ def draw(probs: torch.Tensor, top_p: torch.Tensor | None, min_p: torch.Tensor | 
             return sampled
     exact = nucleus_probs(probs[pending], None if top_p is None else top_p[pending],
                           None if min_p is None else min_p[pending])
-    sampled[pending] = _inverse_cdf(exact.cumsum(dim=-1), _uniform(pending, rows, generators, default_generator,
-                                                                  probs.device))
+    sampled[pending] = _inverse_cdf(exact, _uniform(pending, rows, generators, default_generator, probs.device))
     return sampled
 
 
-def _inverse_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The token whose cumulative-probability interval holds u x total, per row ([rows] int64).
-    `right=True` never lands on a zero-probability token: its interval is empty."""
-    token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
-    return token.clamp_(max=cdf.shape[1] - 1)
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the token whose slice of the cumulative distribution holds u x total ([rows] int64).
+
+    In two levels, since a cumulative sum over the vocabulary is a slow sequential scan: block
+    sums, their cumulative sum and a search pick the block; a cumulative sum over that block only
+    picks the token. `right=True` searches never land on a zero-probability block or token (its
+    slice is empty), and the target is kept inside the chosen block's own sum."""
+    rows, vocab = probs.shape
+    block = next((b for b in (256, 128, 64, 32, 16) if vocab % b == 0), vocab)
+    blocks = probs.view(rows, vocab // block, block)
+    block_cdf = blocks.sum(dim=-1).cumsum(dim=-1)  # [rows, num_blocks]
+    target = (u * block_cdf[:, -1]).unsqueeze(1)  # [rows, 1]
+    b = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[1] - 1)  # [rows, 1]
+    before = torch.where(b > 0, block_cdf.gather(1, (b - 1).clamp(min=0)), 0.0)
+    inner_cdf = blocks.gather(1, b.unsqueeze(2).expand(rows, 1, block)).squeeze(1).cumsum(dim=-1)  # [rows, block]
+    inner_target = torch.minimum((target - before).clamp(min=0.0), inner_cdf[:, -1:] * (1 - 2.0**-20))
+    j = torch.searchsorted(inner_cdf, inner_target, right=True).clamp_(max=block - 1)
+    return (b * block + j).squeeze(1)
 
 
 def _inside(probs: torch.Tensor, token: torch.Tensor, top_p: torch.Tensor | None, min_p: torch.Tensor | None,

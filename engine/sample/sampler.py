@@ -28,23 +28,22 @@ class SamplerOutput:
 
 
 def apply_penalties(logits: torch.Tensor, md: SamplingMetadata, state: SamplingState) -> torch.Tensor:
-    """Penalties and bias on the rows that use them, in place. logits: [rows, vocab] float32."""
-    if md.penalty_idx is not None:
-        assert md.penalty_rows is not None and state.output_counts is not None
-        x = logits.index_select(0, md.penalty_idx)
-        counts = state.output_counts.index_select(0, md.penalty_rows)  # [penalised, vocab]
-        if md.repetition_penalty is not None:
-            assert state.prompt_mask is not None
-            seen = state.prompt_mask.index_select(0, md.penalty_rows) | (counts > 0)
-            x = torch.where(seen, torch.where(x > 0, x / md.repetition_penalty, x * md.repetition_penalty), x)
-        if md.frequency_penalty is not None:
-            x -= md.frequency_penalty * counts
-        if md.presence_penalty is not None:
-            x -= md.presence_penalty * (counts > 0)
-        logits.index_copy_(0, md.penalty_idx, x)
-    if md.bias_idx is not None:
-        assert md.bias_rows is not None and state.bias is not None
-        logits.index_add_(0, md.bias_idx, state.bias.index_select(0, md.bias_rows))
+    """Penalties and bias on the rows that use them, in place. logits: [rows, vocab] float32.
+
+    The repetition penalty scales the logits of seen tokens; presence, frequency and logit_bias
+    (and the min_tokens ban) are one running additive row per request (see `state.py`)."""
+    if md.repetition_idx is not None:
+        assert md.repetition_rows is not None and md.repetition_penalty is not None and state.seen is not None
+        x = logits.index_select(0, md.repetition_idx)
+        seen = state.seen.index_select(0, md.repetition_rows)
+        penalty = md.repetition_penalty
+        logits.index_copy_(0, md.repetition_idx, torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x))
+    if md.additive_row_range is not None:
+        assert state.additive is not None
+        logits.add_(state.additive[md.additive_row_range])
+    elif md.additive_idx is not None:
+        assert md.additive_rows is not None and state.additive is not None
+        logits.index_add_(0, md.additive_idx, state.additive.index_select(0, md.additive_rows))
     return logits
 
 

@@ -2,11 +2,17 @@
 
 A request's parameters are written once, when it gets a batch row (new, or resumed after a
 preemption): host columns (numpy) that decide which paths a step takes without reading the device,
-and, only for rows that use them, [rows, vocab] device tensors: the prompt-presence mask
-(repetition penalty), the output-token counts (all three penalties; one `index_put_` of the sampled
-ids per step keeps them current) and the bias row (logit_bias, plus -inf on the stop ids while a
-request is below min_tokens; that ban is lifted once, when the request reaches min_tokens). No
-per-step work grows with a request's history.
+and, only for rows that use them, [rows, vocab] device tensors kept current by one `index_put_`
+of the sampled ids per step (each row samples one token per step, so no index repeats):
+
+- `output_counts`: occurrences of each token in the output (every penalised row);
+- `seen`: prompt or output tokens, for the repetition penalty;
+- `additive`: what is added to each logit after the repetition penalty, all in one row:
+  logit_bias - frequency_penalty x count - presence_penalty x [count > 0], and -inf on the stop
+  ids while a request is below min_tokens (that ban is lifted once, when it reaches min_tokens).
+
+No per-step work grows with a request's history, and applying penalties and bias to a batch is
+one gather and one add.
 """
 from __future__ import annotations
 
@@ -35,13 +41,13 @@ class SamplingMetadata:
     top_p: torch.Tensor | None  # [num_random] float32, 1.0 where off
     min_p: torch.Tensor | None  # [num_random] float32, 0.0 where off
     generators: list[tuple[int, torch.Generator]]  # (position among the random rows, its generator)
-    penalty_idx: torch.Tensor | None  # [num_penalised] positions
-    penalty_rows: torch.Tensor | None  # [num_penalised] state rows
-    repetition_penalty: torch.Tensor | None  # [num_penalised, 1] float32 (None when all 1)
-    presence_penalty: torch.Tensor | None  # [num_penalised, 1]
-    frequency_penalty: torch.Tensor | None  # [num_penalised, 1]
-    bias_idx: torch.Tensor | None  # [num_biased] positions
-    bias_rows: torch.Tensor | None  # [num_biased] state rows
+    repetition_idx: torch.Tensor | None  # [num_repetition] positions
+    repetition_rows: torch.Tensor | None  # [num_repetition] state rows
+    repetition_penalty: torch.Tensor | None  # [num_repetition, 1] float32
+    additive_idx: torch.Tensor | None  # [num_additive] positions
+    additive_rows: torch.Tensor | None  # [num_additive] state rows
+    # every position is additive and their rows are consecutive: the state rows as a view, no gather
+    additive_row_range: slice | None
     num_logprobs: np.ndarray  # [num_rows] int: -1 = none, k >= 0 = sampled token plus k alternatives
     max_num_logprobs: int  # -1 when no row wants logprobs
 
@@ -60,17 +66,17 @@ class SamplingState:
         self.presence_penalty = np.zeros(n, np.float32)
         self.frequency_penalty = np.zeros(n, np.float32)
         self.num_logprobs = np.full(n, -1, np.int64)
-        self.uses_penalties = np.zeros(n, bool)
-        self.uses_bias = np.zeros(n, bool)
+        self.counts_outputs = np.zeros(n, bool)  # any penalty: output_counts is kept
+        self.uses_repetition = np.zeros(n, bool)
+        self.uses_additive = np.zeros(n, bool)
         self.is_seeded = np.zeros(n, bool)
         self.generators: dict[int, torch.Generator] = {}
         self.num_output_tokens = np.zeros(n, np.int64)
-        # row -> (min_tokens, ids banned until then, their logit_bias values to restore)
+        # row -> (min_tokens, ids banned until then, their logit_bias values)
         self.min_tokens_bans: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
-        self.has_logit_bias = np.zeros(n, bool)
-        self._output_counts: torch.Tensor | None = None  # [rows, vocab] float32
-        self._prompt_mask: torch.Tensor | None = None  # [rows, vocab] bool
-        self._bias: torch.Tensor | None = None  # [rows, vocab] float32
+        self.output_counts: torch.Tensor | None = None  # [rows, vocab] float32
+        self.seen: torch.Tensor | None = None  # [rows, vocab] bool
+        self.additive: torch.Tensor | None = None  # [rows, vocab] float32
         self._max_num_seqs = n
 
     # ---- rows come and go ----------------------------------------------------------------
@@ -78,7 +84,8 @@ class SamplingState:
     def add_row(self, row: int, params: SamplingParams, prompt_token_ids: list[int],
                 output_token_ids: list[int], generator: torch.Generator | None) -> None:
         """Write a request's parameters into `row`; every column is overwritten, so a reused row
-        carries nothing of its previous request."""
+        carries nothing of its previous request. A resumed request's outputs so far are counted
+        here, once."""
         p = params
         self.temperature[row] = p.temperature
         self.top_k[row] = p.top_k if p.top_k > 0 else self.vocab_size
@@ -92,44 +99,74 @@ class SamplingState:
         self.is_seeded[row] = generator is not None
         if generator is not None:
             self.generators[row] = generator
-        self.uses_penalties[row] = (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
-                                    or p.frequency_penalty != 0.0)
-        if self.uses_penalties[row]:
-            self._fill_counts(row, output_token_ids)
-            if p.repetition_penalty != 1.0:
-                mask = self._rows_tensor("_prompt_mask", torch.bool)[row]
-                mask.zero_()
-                mask[torch.tensor(prompt_token_ids, dtype=torch.int64, device=self.device)] = True
-        self._write_bias(row, p, len(output_token_ids))
+        self.min_tokens_bans.pop(row, None)
+        self.uses_repetition[row] = p.repetition_penalty != 1.0
+        self.counts_outputs[row] = self.uses_repetition[row] or p.presence_penalty != 0 or p.frequency_penalty != 0
+        counts = None
+        if self.counts_outputs[row]:
+            counts = self._rows("output_counts", torch.float32)[row]
+            counts.zero_()
+            if output_token_ids:
+                counts.index_put_((self._ids(output_token_ids),), torch.ones(len(output_token_ids),
+                                                                            device=self.device), accumulate=True)
+        if self.uses_repetition[row]:
+            seen = self._rows("seen", torch.bool)[row]
+            seen.zero_()
+            seen[self._ids(prompt_token_ids + output_token_ids)] = True
+        banned = sorted(stop_token_ids(p, self.eos_token_ids)) if len(output_token_ids) < p.min_tokens else []
+        self.uses_additive[row] = bool(p.logit_bias or banned or p.presence_penalty or p.frequency_penalty)
+        if self.uses_additive[row]:
+            additive = self._rows("additive", torch.float32)[row]
+            additive.zero_()
+            if p.logit_bias:
+                additive[self._ids(list(p.logit_bias))] = torch.tensor(list(p.logit_bias.values()),
+                                                                        dtype=torch.float32, device=self.device)
+            if counts is not None:
+                additive -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+            if banned:
+                ids = self._ids(banned)
+                self.min_tokens_bans[row] = (p.min_tokens, ids, additive[ids].clone())
+                additive[ids] = float("-inf")
 
     def remove_row(self, row: int) -> None:
         self.generators.pop(row, None)
         self.min_tokens_bans.pop(row, None)
         self.is_seeded[row] = False
-        self.uses_penalties[row] = False
-        self.uses_bias[row] = False
+        self.counts_outputs[row] = self.uses_repetition[row] = self.uses_additive[row] = False
 
     def record_sampled(self, rows: np.ndarray, rows_dev: torch.Tensor, sampled: torch.Tensor) -> None:
-        """After a step: count the sampled ids ([len(rows)] on the device) for penalised rows, and
-        lift the min_tokens ban of rows that reached it."""
+        """After a step: fold the sampled ids ([len(rows)] on the device) into the rows that keep
+        state, and lift the min_tokens ban of rows that reached it."""
         self.num_output_tokens[rows] += 1
-        penalised = self.uses_penalties[rows]
-        if penalised.any():
-            counts = self._output_counts
-            assert counts is not None
-            if penalised.all():
-                counts.index_put_((rows_dev, sampled), torch.ones_like(sampled, dtype=counts.dtype), accumulate=True)
-            else:
-                pos = torch.from_numpy(np.flatnonzero(penalised)).to(self.device)
-                counts.index_put_((rows_dev[pos], sampled[pos]), torch.ones(len(pos), device=self.device),
-                                  accumulate=True)
-        reached = [r for r, (min_tokens, _, _) in self.min_tokens_bans.items()
-                   if self.num_output_tokens[r] >= min_tokens]
+        counted = self.counts_outputs[rows]
+        if counted.any():
+            pos = None if counted.all() else _to(np.flatnonzero(counted), self.device)
+            r = rows_dev if pos is None else rows_dev[pos]
+            t = sampled if pos is None else sampled[pos]
+            counted_rows = rows[counted]
+            assert self.output_counts is not None
+            if self.uses_additive[counted_rows].any():  # before counting: presence applies once
+                assert self.additive is not None
+                first = (self.output_counts[r, t] == 0).float()
+                freq = _to(self.frequency_penalty[counted_rows], self.device)
+                presence = _to(self.presence_penalty[counted_rows], self.device)
+                self.additive.index_put_((r, t), -(freq + presence * first), accumulate=True)
+            self.output_counts.index_put_((r, t), torch.ones(len(t), device=self.device), accumulate=True)
+            if self.uses_repetition[counted_rows].any():
+                assert self.seen is not None
+                self.seen.index_put_((r, t), torch.ones(len(t), dtype=torch.bool, device=self.device))
+        reached = [row for row, (min_tokens, _, _) in self.min_tokens_bans.items()
+                   if self.num_output_tokens[row] >= min_tokens]
         for row in reached:
-            _, ids, restore = self.min_tokens_bans.pop(row)
-            assert self._bias is not None
-            self._bias[row, ids] = restore
-            self.uses_bias[row] = self.has_logit_bias[row]
+            _, ids, bias = self.min_tokens_bans.pop(row)
+            assert self.additive is not None
+            restored = bias.clone()
+            if self.counts_outputs[row]:
+                assert self.output_counts is not None
+                counts = self.output_counts[row, ids]
+                restored -= float(self.frequency_penalty[row]) * counts + float(self.presence_penalty[row]) * (
+                    counts > 0).float()
+            self.additive[row, ids] = restored
 
     # ---- the per-step view ---------------------------------------------------------------
 
@@ -148,8 +185,8 @@ class SamplingState:
         md = SamplingMetadata(
             num_rows=n, all_greedy=num_random == 0, greedy_idx=greedy_idx, random_idx=random_idx,
             num_random=num_random, temperature=None, top_k=None, max_top_k=self.vocab_size, top_p=None, min_p=None,
-            generators=[], penalty_idx=None, penalty_rows=None, repetition_penalty=None, presence_penalty=None,
-            frequency_penalty=None, bias_idx=None, bias_rows=None, num_logprobs=self.num_logprobs[rows],
+            generators=[], repetition_idx=None, repetition_rows=None, repetition_penalty=None, additive_idx=None,
+            additive_rows=None, additive_row_range=None, num_logprobs=self.num_logprobs[rows],
             max_num_logprobs=int(self.num_logprobs[rows].max()) if n else -1)
         if num_random:
             random_rows = rows[random_pos]
@@ -165,34 +202,20 @@ class SamplingState:
                 md.min_p = _to(min_p, dev)
             seeded = np.flatnonzero(self.is_seeded[random_rows])
             md.generators = [(int(i), self.generators[int(random_rows[i])]) for i in seeded]
-        penalised = np.flatnonzero(self.uses_penalties[rows])
-        if len(penalised):
-            pen_rows = rows[penalised]
-            md.penalty_idx, md.penalty_rows = _to(penalised, dev), _to(pen_rows, dev)
-            for name, off in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)):
-                values = getattr(self, name)[pen_rows]
-                if (values != off).any():
-                    setattr(md, name, _to(values, dev).unsqueeze(1))
-        biased = np.flatnonzero(self.uses_bias[rows])
-        if len(biased):
-            md.bias_idx, md.bias_rows = _to(biased, dev), _to(rows[biased], dev)
+        repetition = np.flatnonzero(self.uses_repetition[rows])
+        if len(repetition):
+            md.repetition_idx, md.repetition_rows = _to(repetition, dev), _to(rows[repetition], dev)
+            md.repetition_penalty = _to(self.repetition_penalty[rows[repetition]], dev).unsqueeze(1)
+        additive = np.flatnonzero(self.uses_additive[rows])
+        if len(additive) == n and (np.diff(rows) == 1).all():
+            md.additive_row_range = slice(int(rows[0]), int(rows[0]) + n)
+        elif len(additive):
+            md.additive_idx, md.additive_rows = _to(additive, dev), _to(rows[additive], dev)
         return md
-
-    @property
-    def output_counts(self) -> torch.Tensor | None:
-        return self._output_counts
-
-    @property
-    def prompt_mask(self) -> torch.Tensor | None:
-        return self._prompt_mask
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return self._bias
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _rows_tensor(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+    def _rows(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """A [rows, vocab] state tensor, allocated the first time a request needs it."""
         t = getattr(self, name)
         if t is None:
@@ -200,30 +223,8 @@ class SamplingState:
             setattr(self, name, t)
         return t
 
-    def _fill_counts(self, row: int, output_token_ids: list[int]) -> None:
-        counts = self._rows_tensor("_output_counts", torch.float32)[row]
-        counts.zero_()
-        if output_token_ids:  # a resumed request: its outputs so far, counted once
-            ids = torch.tensor(output_token_ids, dtype=torch.int64, device=self.device)
-            counts.index_put_((ids,), torch.ones(len(ids), device=self.device), accumulate=True)
-
-    def _write_bias(self, row: int, p: SamplingParams, num_output_tokens: int) -> None:
-        self.min_tokens_bans.pop(row, None)
-        self.has_logit_bias[row] = bool(p.logit_bias)
-        banned = sorted(stop_token_ids(p, self.eos_token_ids)) if num_output_tokens < p.min_tokens else []
-        if not p.logit_bias and not banned:
-            self.uses_bias[row] = False
-            return
-        bias = self._rows_tensor("_bias", torch.float32)[row]
-        bias.zero_()
-        if p.logit_bias:
-            ids = torch.tensor(list(p.logit_bias), dtype=torch.int64, device=self.device)
-            bias[ids] = torch.tensor(list(p.logit_bias.values()), dtype=torch.float32, device=self.device)
-        if banned:
-            ids = torch.tensor(banned, dtype=torch.int64, device=self.device)
-            self.min_tokens_bans[row] = (p.min_tokens, ids, bias[ids].clone())
-            bias[ids] = float("-inf")
-        self.uses_bias[row] = True
+    def _ids(self, token_ids: list[int]) -> torch.Tensor:
+        return torch.tensor(token_ids, dtype=torch.int64, device=self.device)
 
 
 def _to(values: np.ndarray, device: torch.device) -> torch.Tensor:

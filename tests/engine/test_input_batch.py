@@ -1,7 +1,8 @@
 """The persistent batch against a from-scratch computation: over 200 steps with requests joining,
-finishing, preempted and aborted, every row's tokens, running penalty counts, prompt mask, bias
-row and parameters equal what the scheduler's own record of the request implies, and a reused row
-carries nothing of its previous request."""
+finishing, preempted and aborted, every row's tokens, running output counts, seen-token mask,
+additive row (penalties, logit_bias, the min_tokens ban) and parameters equal what the
+scheduler's own record of the request implies, and a reused row carries nothing of its previous
+request."""
 from __future__ import annotations
 
 import random
@@ -53,18 +54,22 @@ def check_rows(engine: LLMEngine) -> int:
         assert batch.token_ids[row, : req.num_tokens].tolist() == req.token_ids
         assert state.temperature[row] == p.temperature and state.num_output_tokens[row] == req.num_output_tokens
         uses_penalties = p.repetition_penalty != 1 or p.presence_penalty != 0 or p.frequency_penalty != 0
-        assert state.uses_penalties[row] == uses_penalties
+        assert state.counts_outputs[row] == uses_penalties
+        counts = torch.bincount(torch.tensor(req.output_token_ids, dtype=torch.int64), minlength=256).float()
         if uses_penalties:
-            counts = torch.bincount(torch.tensor(req.output_token_ids, dtype=torch.int64), minlength=256).float()
             assert torch.equal(state.output_counts[row], counts), f"{request_id}: counts drifted"
+        assert state.uses_repetition[row] == (p.repetition_penalty != 1)
         if p.repetition_penalty != 1:
-            prompt = torch.zeros(256, dtype=torch.bool)
-            prompt[req.prompt_token_ids] = True
-            assert torch.equal(state.prompt_mask[row], prompt)
+            seen = torch.zeros(256, dtype=torch.bool)
+            seen[req.token_ids] = True
+            assert torch.equal(state.seen[row], seen), f"{request_id}: seen tokens"
         bias = expected_bias(p, req.num_output_tokens, engine.eos_token_ids)
-        assert state.uses_bias[row] == bool(bias.any())
-        if state.uses_bias[row]:
-            assert torch.equal(state.bias[row], bias), f"{request_id}: bias row"
+        additive = bias - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
+        uses_additive = bool(p.logit_bias) or p.presence_penalty != 0 or p.frequency_penalty != 0 or bool(
+            bias.isinf().any())
+        assert state.uses_additive[row] == uses_additive
+        if uses_additive:
+            assert torch.allclose(state.additive[row], additive, atol=1e-5), f"{request_id}: additive row"
         checked += 1
     return checked
 
