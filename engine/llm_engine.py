@@ -30,7 +30,7 @@ class LLMEngine(EngineCore):
     def __init__(self, config: EngineConfig):
         self.model_dir = resolve_model_path(config.model)
         self.platform = Platform.create(config.device, config.dtype)
-        self.platform.configure_threads()
+        self.platform.configure_host()
         self.device, self.dtype = self.platform.device, self.platform.dtype
         arch = ModelArch.from_hf_config(read_hf_config(self.model_dir))
         self.eos_token_ids = load_eos_token_ids(self.model_dir)

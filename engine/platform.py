@@ -16,6 +16,7 @@ import torch
 
 from common.engine_config import EngineConfig
 from engine.host_limits import available_host_memory, limit_torch_threads
+from engine.malloc import keep_freed_memory
 from engine.models.linear import DenseMethod, LinearMethod, OneDnnPackedMethod
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,8 @@ class Platform(abc.ABC):
         return CpuPlatform(device, resolve_dtype(dtype_name, device))
 
     @abc.abstractmethod
-    def configure_threads(self) -> None:
-        """Size the host thread pool for this device."""
+    def configure_host(self) -> None:
+        """Set up the host process for this device: thread pool, allocator."""
 
     @abc.abstractmethod
     def available_memory(self) -> int:
@@ -85,9 +86,11 @@ class CpuPlatform(Platform):
     def __init__(self, device: torch.device, dtype: torch.dtype):
         super().__init__(device, dtype)
         self.features = CpuFeatures.detect()
+        self.keeps_freed_memory = False
 
-    def configure_threads(self) -> None:
+    def configure_host(self) -> None:
         limit_torch_threads()
+        self.keeps_freed_memory = keep_freed_memory()
 
     def available_memory(self) -> int:
         return available_host_memory()
@@ -108,12 +111,14 @@ class CpuPlatform(Platform):
         return DenseMethod()
 
     def describe(self, batch_hint: int) -> str:
-        return f"{super().describe(batch_hint)}; CPU {self.features.describe()}, {torch.get_num_threads()} threads"
+        heap = "freed memory kept" if self.keeps_freed_memory else "default malloc"
+        return (f"{super().describe(batch_hint)}; CPU {self.features.describe()}, {torch.get_num_threads()} threads, "
+                f"{heap}")
 
 
 class CudaPlatform(Platform):
-    def configure_threads(self) -> None:
-        pass  # the host threads only launch kernels: torch's defaults are fine
+    def configure_host(self) -> None:
+        pass  # the host threads only launch kernels and tensors live on the device: defaults are fine
 
     def available_memory(self) -> int:
         free, _total = torch.cuda.mem_get_info(self.device)

@@ -118,14 +118,32 @@ def _inside(probs: torch.Tensor, token: torch.Tensor, top_p: torch.Tensor | None
     p_token = probs.gather(1, token.unsqueeze(1))  # [rows, 1]
     ok = torch.ones(len(token), dtype=torch.bool, device=probs.device)
     if top_p is not None:
-        ids = torch.arange(probs.shape[1], device=probs.device)
-        ranked_before = (probs > p_token) | ((probs == p_token) & (ids < token.unsqueeze(1)))
-        mass_before = torch.where(ranked_before, probs, 0.0).sum(dim=-1)
-        ok &= (mass_before < top_p) | (top_p >= 1)
+        ok &= (_mass_ranked_before(probs, token, p_token) < top_p) | (top_p >= 1)
     if min_p is not None:
         assert top_prob is not None
         ok &= p_token.squeeze(1) >= min_p * top_prob
     return ok
+
+
+def _mass_ranked_before(probs: torch.Tensor, token: torch.Tensor, p_token: torch.Tensor) -> torch.Tensor:
+    """Per row, the probability of the tokens ranked before `token` (higher probability, or equal
+    with a lower id). [rows] float32.
+
+    By arithmetic rather than comparisons (which are several times slower on a CPU): with
+    d = p - p_token, sign(d) counts the tokens above and below, relu(d) sums how far above they
+    are. Ties with p_token (rare: only the rows that have them) are counted by id exactly."""
+    vocab = probs.shape[1]
+    d = probs - p_token  # [rows, vocab]
+    sign = torch.sign(d)
+    num_unequal = sign.abs().sum(dim=-1)  # tokens above + below
+    num_above = (sign.sum(dim=-1) + num_unequal) / 2
+    mass = d.clamp_(min=0.0).sum(dim=-1) + p_token.squeeze(1) * num_above
+    tied = torch.nonzero(num_unequal < vocab - 1).squeeze(1)  # another token has p_token exactly
+    if len(tied):
+        ids = torch.arange(vocab, device=probs.device)
+        lower = (probs[tied] == p_token[tied]) & (ids < token[tied].unsqueeze(1))
+        mass[tied] += p_token[tied].squeeze(1) * lower.sum(dim=-1)
+    return mass
 
 
 def _uniform(pending: torch.Tensor | None, rows: int, generators: list[tuple[int, torch.Generator]],
