@@ -56,9 +56,13 @@ class OneDnnPackedMethod(LinearMethod):
             layer.dense = dense  # for row lookups; for a tied LM head this is the embedding itself
         packed = torch.ops.mkldnn._reorder_linear_weight(dense, self.batch_hint)
         layer.weight = nn.Parameter(packed, requires_grad=False)
+        # The same tensors as a plain attribute: a decode step makes ~120 of these calls, and a
+        # parameter lookup goes through nn.Module.__getattr__.
+        layer.packed_args = (packed, None if layer.bias is None else layer.bias.detach())
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "none", [], "")
+        weight, bias = layer.packed_args  # type: ignore[misc]  # set in process_weights_after_loading
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
     def dense_weight(self, layer: Linear) -> torch.Tensor:
         assert layer.dense is not None, "packed layer without a dense copy (keep_dense_weight=False)"
@@ -73,6 +77,7 @@ class Linear(nn.Module):
         self.method = method
         self.keep_dense_weight = keep_dense_weight
         self.dense: torch.Tensor | None = None
+        self.packed_args: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by a packing method
         self.weight: torch.Tensor  # a Parameter; tied layers share another module's
         self.bias: torch.Tensor | None
         method.create_weights(self)
