@@ -134,10 +134,10 @@ def _refine_top_logits(logits: torch.Tensor, hidden: torch.Tensor, weight: torch
     [vocab, hidden] in the model's dtype."""
     num_seqs, vocab = logits.shape
     flat = None
-    if logits.is_cpu:  # the tokens near the maximum (numpy's nonzero is several times faster here)
+    if logits.is_cpu:  # the tokens near the maximum (numpy's compare and nonzero are twice as fast here)
         top = logits.amax(dim=-1, keepdim=True)
-        near = logits >= top - top.abs() * BF16_TIE_MARGIN  # [num_seqs, vocab] bool
-        flat = torch.from_numpy(np.flatnonzero(near.numpy()))
+        threshold = (top - top.abs() * BF16_TIE_MARGIN).numpy()
+        flat = torch.from_numpy(np.flatnonzero(logits.numpy() >= threshold))  # [num_seqs, vocab] mask
     if flat is None or len(flat) > REFINED_PER_ROW * num_seqs:
         ids = logits.topk(min(REFINED_PER_ROW, vocab), dim=-1).indices
         flat = (ids + torch.arange(num_seqs, device=ids.device).unsqueeze(1) * vocab).flatten()
