@@ -29,8 +29,9 @@ IDLE_POLL_MS = 1000  # how long an idle child waits on its sockets before it che
 
 def run_child(name: str, log_level: str, outbox_address: str,
               body: Callable[[zmq.Context, Channel], None]) -> None:
-    """The entry of a child process: name it, connect its outbox (the PUSH socket towards the
-    server), run `body(ctx, outbox)`; on any exception report the crash there and exit 1."""
+    """The entry of a child process: name it, connect its outbox (its PUSH socket downstream:
+    the engine's goes to the tokenizer worker, the worker's to the server), run
+    `body(ctx, outbox)`; on any exception report the crash there and exit 1."""
     start_child_process(name, log_level)
     ctx = zmq.Context()
     outbox = Channel(open_socket(ctx, zmq.PUSH, outbox_address, bind=False))

@@ -20,6 +20,8 @@ def fan_out(request_id: str, params: SamplingParams, first_index: int = 0) -> li
     children = []
     for i in range(params.n):
         seed = None if params.seed is None else params.seed + i
+        if seed is not None and seed >= 2**64:  # wrap as the engine's generator does (seed % 2**64), so it
+            seed -= 2**64                       # still fits the wire's 64-bit integers
         children.append((child_request_id(request_id, first_index + i),
                          msgspec.structs.replace(params, n=1, seed=seed)))
     return children

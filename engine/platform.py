@@ -17,7 +17,7 @@ import torch
 from common.engine_config import EngineConfig
 from engine.host_limits import available_host_memory, limit_torch_threads
 from engine.malloc import keep_freed_memory
-from engine.models.linear import DenseMethod, LinearMethod, OneDnnPackedMethod
+from engine.models.linear import LinearMethod, OneDnnPackedMethod
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Platform(abc.ABC):
         """Bytes for the KV cache: --kv-cache-memory when given, else the device's default share."""
 
     def linear_method(self, batch_hint: int) -> LinearMethod:
-        return DenseMethod()
+        return LinearMethod()
 
     def describe(self, batch_hint: int) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
@@ -105,10 +105,10 @@ class CpuPlatform(Platform):
         # matmuls (`python -m engine.bench` measures the whole engine); bf16 needs oneDNN's bf16
         # path (AVX512-BF16 or AMX), float32 runs packed everywhere oneDNN does.
         if not torch.backends.mkldnn.is_available():
-            return DenseMethod()
+            return LinearMethod()
         if self.dtype == torch.float32 or (self.dtype == torch.bfloat16 and self.features.onednn_bf16):
             return OneDnnPackedMethod(batch_hint)
-        return DenseMethod()
+        return LinearMethod()
 
     def describe(self, batch_hint: int) -> str:
         heap = "freed memory kept" if self.keeps_freed_memory else "default malloc"

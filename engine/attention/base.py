@@ -34,7 +34,8 @@ class StepInputs:
     num_computed_tokens_np: np.ndarray  # [num_reqs]: tokens in the cache before this step
     positions: torch.Tensor  # [num_tokens] int64, device
     slot_mapping: torch.Tensor  # [num_tokens] int64, device: block * block_size + offset
-    # [num_reqs, max_blocks_this_step] int32, device: each request's block ids, padded with 0
+    # [num_reqs, max_blocks_this_step] int32, device: each request's block ids; entries past its
+    # own blocks are stale but valid block ids, to be masked by seq_lens
     block_table: torch.Tensor
 
     @property

@@ -67,10 +67,12 @@ class BlockManager:
             self._forget_hash(b)
             req.block_ids.append(b)
         if first:
-            self.prefix_queries += req.num_tokens
-            self.prefix_hits += num_computed
             req.num_computed_tokens = num_computed
-            if not req.num_output_tokens:  # a resumed request keeps its first figure
+            # A request resumed after a preemption finds its own blocks: that is neither a prompt
+            # lookup nor a cache hit for the statistics, and it keeps its first figure.
+            if req.num_preemptions == 0:
+                self.prefix_queries += req.num_tokens
+                self.prefix_hits += num_computed
                 req.num_cached_tokens = num_computed
         return num_new_tokens
 

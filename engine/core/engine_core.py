@@ -35,8 +35,7 @@ class EngineCore:
     def block_manager(self):
         return self.scheduler.block_manager
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
         if request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
         validate_sampling_params(sampling_params, self.vocab_size)
@@ -44,7 +43,7 @@ class EngineCore:
             raise ValueError("n: the engine runs one sequence per request; fan out with common.parallel_sampling")
         max_tokens = resolve_max_tokens(prompt_token_ids, self.vocab_size, sampling_params.max_tokens,
                                         self.max_model_len)
-        self.scheduler.add_request(Request(request_id, prompt_token_ids, sampling_params, max_tokens, arrival_time))
+        self.scheduler.add_request(Request(request_id, prompt_token_ids, sampling_params, max_tokens))
 
     def abort(self, request_id: str) -> bool:
         """Free everything the request holds at once; False for an unknown (or finished) id."""

@@ -45,10 +45,6 @@ class SchedulerOutput:
     preempted_request_ids: set[str] = field(default_factory=set)
 
     @property
-    def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values())
-
-    @property
     def has_work_for_runner(self) -> bool:
         return bool(self.num_scheduled_tokens or self.finished_request_ids or self.preempted_request_ids)
 

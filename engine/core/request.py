@@ -16,15 +16,14 @@ class RequestStatus(enum.Enum):
 class Request:
     """`num_computed_tokens` chases `num_tokens`: what the KV cache holds vs what exists."""
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 max_tokens: int, arrival_time: float | None = None):
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, max_tokens: int):
         assert prompt_token_ids, "empty prompt"
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)  # the prompt, then every output token
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.max_tokens = max_tokens  # resolved against max_model_len at admission
-        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        self.arrival_time = time.time()  # reaching the engine: queue time runs from here
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first schedule

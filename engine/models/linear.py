@@ -4,10 +4,11 @@ A layer creates its parameters through its `LinearMethod`, loads checkpoint tens
 own `weight_loader` (a merged layer places each checkpoint matrix in its slice of the stacked
 weight), and lets the method rework the loaded weight once (`process_weights_after_loading`), for
 example into oneDNN's packed layout. The reworked weight stays a parameter of the model, so
-`named_parameters()` still lists every weight, whatever its storage.
+`named_parameters()` still lists each layer's weight, whatever its storage (a packed LM head also
+keeps its dense weight as a plain attribute, for row lookups: for a tied head, the embedding).
 
-Methods: `DenseMethod` (torch's own matmul; CUDA, and CPUs without a packed path) and
-`OneDnnPackedMethod` (weights pre-packed once for oneDNN, which reads them faster for the
+Methods: the base `LinearMethod` (dense: torch's own matmul; CUDA, and CPUs without a packed
+path) and `OneDnnPackedMethod` (weights pre-packed once for oneDNN, which reads them faster for the
 small-M matmuls of decode; the platform decides which one runs, see `engine/platform.py`).
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ from torch import nn
 
 
 class LinearMethod:
-    """Dense weights [out, in] applied with F.linear."""
+    """How a linear layer stores and applies its weight. This base is the dense method: weights
+    [out, in] applied with F.linear."""
 
     name = "dense"
 
@@ -35,10 +37,6 @@ class LinearMethod:
     def dense_weight(self, layer: Linear) -> torch.Tensor:
         """The weight as a plain [out, in] tensor (for row lookups such as the LM head's)."""
         return layer.weight
-
-
-class DenseMethod(LinearMethod):
-    pass
 
 
 class OneDnnPackedMethod(LinearMethod):

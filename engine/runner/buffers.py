@@ -17,13 +17,16 @@ class CpuGpuBuffer:
         self.np: np.ndarray = self.cpu.numpy()
         self.device_tensor = self.cpu if on_cpu else torch.zeros_like(self.cpu, device=device)
 
-    def to_device(self, n: int | None = None) -> torch.Tensor:
-        """The first `n` entries (along dim 0) on the device."""
-        src = self.cpu if n is None else self.cpu[:n]
+    def to_device(self, n: int | None = None, columns: int | None = None) -> torch.Tensor:
+        """The first `n` entries (along dim 0), and of a 2-D buffer its first `columns`, on the
+        device (the device tensor, of which only that part was copied)."""
         if self.device_tensor is self.cpu:
-            return src
-        dst = self.device_tensor if n is None else self.device_tensor[:n]
-        return dst.copy_(src, non_blocking=True)
+            return self.cpu if n is None else self.cpu[:n]
+        rows = slice(None) if n is None else slice(n)
+        cols = slice(None) if columns is None else slice(columns)
+        index = (rows, cols) if columns is not None else (rows,)
+        self.device_tensor[index].copy_(self.cpu[index], non_blocking=True)
+        return self.device_tensor if n is None else self.device_tensor[:n]
 
     def stage(self, values: np.ndarray) -> torch.Tensor:
         """Copy `values` into the first len(values) entries and return them on the device."""

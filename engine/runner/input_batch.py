@@ -29,14 +29,11 @@ class InputBatch:
         self.token_ids = torch.zeros(max_num_seqs, max_model_len, dtype=torch.int32, device=device)
         self.num_tokens = np.zeros(max_num_seqs, np.int64)
         self.num_computed_tokens = np.zeros(max_num_seqs, np.int64)
-        # [rows, max_blocks_per_seq] int32, unused entries 0 (a valid block: they are masked)
+        # [rows, max_blocks_per_seq] int32; entries past a row's num_blocks are stale or 0, but always
+        # valid block ids, and attention masks them by sequence length
         self.block_table = CpuGpuBuffer((max_num_seqs, cdiv(max_model_len, block_size)), torch.int32, device)
         self.num_blocks = np.zeros(max_num_seqs, np.int64)
         self.sampling = SamplingState(max_num_seqs, vocab_size, device, eos_token_ids)
-
-    @property
-    def num_rows_in_use(self) -> int:
-        return len(self.row_of)
 
     def add(self, request_id: str, token_ids: list[int], num_prompt_tokens: int, block_ids: list[int],
             num_computed_tokens: int, params, generator: torch.Generator | None) -> int:

@@ -61,9 +61,14 @@ class ModelRunner:
         self._rows = CpuGpuBuffer(max_num_seqs, torch.int64, device)
         self._logits_indices = CpuGpuBuffer(max_num_seqs, torch.int64, device)
         self._sampled_rows = CpuGpuBuffer(max_num_seqs, torch.int64, device)
+        # On CUDA, the staging copies of a step are asynchronous, and a step that samples nothing
+        # has no host sync: the host must not rewrite the pinned buffers before they are copied.
+        self._staged: torch.cuda.Event | None = None
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> RunnerOutput:
+        if self._staged is not None:
+            self._staged.synchronize()
         self.update_states(so)
         if not so.num_scheduled_tokens:
             return RunnerOutput.empty()
@@ -72,7 +77,7 @@ class ModelRunner:
         if not inputs.sampled_request_ids:
             return RunnerOutput.empty()
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [num_sampled, vocab]
-        md = self.batch.sampling.metadata(inputs.sampled_rows, inputs.sampled_rows_dev)
+        md = self.batch.sampling.metadata(inputs.sampled_rows)
         out = self.sampler(logits, md, self.batch.sampling)
         self.batch.append_sampled(inputs.sampled_rows, inputs.sampled_rows_dev, out.token_ids)
         token_ids = out.token_ids.tolist()  # the step's one device-to-host read (plus logprobs if asked)
@@ -130,7 +135,7 @@ class ModelRunner:
         slots = b.block_table.np[token_rows, positions // bs].astype(np.int64) * bs + positions % bs
         width = cdiv(int(seq_lens.max()), bs)
         rows_dev = self._rows.stage(rows)
-        block_table = b.block_table.to_device(b.max_num_seqs)[:, :width].index_select(0, rows_dev)
+        block_table = b.block_table.to_device(columns=width)[:, :width].index_select(0, rows_dev)
         step = StepInputs(
             num_reqs=num_reqs, num_tokens=num_tokens, block_size=bs,
             query_start_loc=self._query_start_loc.stage(qsl), query_start_loc_np=qsl,
@@ -142,8 +147,12 @@ class ModelRunner:
         samples = np.flatnonzero(seq_lens == b.num_tokens[rows])
         sampled_rows = rows[samples]
         logits_indices = self._logits_indices.stage(qsl[1:][samples] - 1)
+        sampled_rows_dev = self._sampled_rows.stage(sampled_rows)
+        if self.device.type == "cuda":
+            self._staged = torch.cuda.Event()
+            self._staged.record()
         return ModelInputs(request_ids, input_ids, step.positions, step, logits_indices,
-                           [request_ids[i] for i in samples], sampled_rows, self._sampled_rows.stage(sampled_rows))
+                           [request_ids[i] for i in samples], sampled_rows, sampled_rows_dev)
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of the flat batch."""

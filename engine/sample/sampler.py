@@ -6,8 +6,9 @@
 Greedy rows (temperature 0) take the argmax after penalties and bias and skip everything else;
 only rows that use a step are touched by it. Random rows are drawn as `filters.py` describes.
 Logprobs are those of the raw model distribution (before any processing), like vLLM's default,
-ranked with the same tie rule as the argmax (lower id first), so the greedy token is always the
-first entry. The only host reads are the sampled ids (and the logprobs, when asked).
+ranked with the same tie rule as the argmax (lower id first), so without penalties or bias the
+greedy token is always the first entry. On CUDA the only host reads are the sampled ids (and the
+logprobs, when asked); on CPU a few small reads pick cheaper paths (see `filters.py`).
 """
 from __future__ import annotations
 

@@ -88,7 +88,7 @@ class SamplingState:
         here, once."""
         p = params
         self.temperature[row] = p.temperature
-        self.top_k[row] = p.top_k if p.top_k > 0 else self.vocab_size
+        self.top_k[row] = p.top_k if 0 < p.top_k < self.vocab_size else self.vocab_size  # larger: off
         self.top_p[row] = p.top_p
         self.min_p[row] = p.min_p
         self.repetition_penalty[row] = p.repetition_penalty
@@ -170,7 +170,7 @@ class SamplingState:
 
     # ---- the per-step view ---------------------------------------------------------------
 
-    def metadata(self, rows: np.ndarray, rows_dev: torch.Tensor) -> SamplingMetadata:
+    def metadata(self, rows: np.ndarray) -> SamplingMetadata:
         """The sampled rows' parameters, in batch order (`rows[i]` is batch position i)."""
         dev = self.device
         n = len(rows)
@@ -192,8 +192,9 @@ class SamplingState:
             random_rows = rows[random_pos]
             md.temperature = _to(temperature[random_pos], dev).unsqueeze(1)
             top_k = self.top_k[random_rows]
-            if (top_k < self.vocab_size).any():
-                md.top_k, md.max_top_k = _to(top_k, dev), int(top_k.max())
+            on = top_k < self.vocab_size
+            if on.any():  # the largest k in use (rows with top-k off must not widen the top-k pass)
+                md.top_k, md.max_top_k = _to(top_k, dev), int(top_k[on].max())
             top_p = self.top_p[random_rows]
             if (top_p < 1.0).any():
                 md.top_p = _to(top_p, dev)

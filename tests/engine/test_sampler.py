@@ -44,7 +44,7 @@ def state_for(rows: list[Row]) -> tuple[SamplingState, SamplingMetadata]:
     for i, r in enumerate(rows):
         state.add_row(i, r.params, r.prompt, r.output, r.generator)
     index = np.arange(len(rows))
-    return state, state.metadata(index, torch.from_numpy(index))
+    return state, state.metadata(index)
 
 
 def make_rows(params_list, seed=0) -> list[Row]:
@@ -111,7 +111,7 @@ def test_min_tokens_bans_eos_and_stop_ids():
         out = sampler(logits.clone(), md, state)
         assert out.token_ids[0].item() not in (2, 9)
         state.record_sampled(rows, torch.from_numpy(rows), out.token_ids)
-        md = state.metadata(rows, torch.from_numpy(rows))
+        md = state.metadata(rows)
     out = sampler(logits.clone(), md, state)  # ...and is lifted once two exist
     assert out.token_ids[0].item() in (2, 9)
 
@@ -184,3 +184,19 @@ def test_ties_break_to_the_lowest_id_everywhere():
             assert out.token_ids[0].item() == expected, params
     assert out.logprob_token_ids is not None
     assert out.logprob_token_ids[0].tolist() == [17, 17, 31, 40]
+
+
+def test_top_k_beyond_the_vocabulary_is_off_in_a_mixed_batch():
+    """top_k larger than the vocabulary means no top-k (as in vLLM), also next to rows that use
+    it and rows that have it off."""
+    rows = [Row(SamplingParams(temperature=1.0, top_k=5), [1]), Row(SamplingParams(temperature=1.0, top_k=1000), [1]),
+            Row(SamplingParams(temperature=1.0), [1])]
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(8))
+    probs = processed_probs(logits, rows)
+    for i, r in enumerate(rows):
+        expected = reference_probs(logits[i], SamplingParams(temperature=1.0, top_k=r.params.top_k
+                                                             if r.params.top_k < VOCAB else 0), [1], [])
+        assert torch.allclose(probs[i], expected, atol=1e-5)
+    state, md = state_for(rows)
+    assert md.max_top_k == 5
+    Sampler(torch.Generator().manual_seed(0))(logits.clone(), md, state)

@@ -177,3 +177,18 @@ def test_scheduling_layer_imports_no_torch():
     code = ("import sys, engine.core.engine_core, engine.core.scheduler, engine.core.outputs; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_resumed_request_is_not_a_prefix_cache_hit(engine):
+    """A request preempted before its first token finds its own blocks in the prefix cache when it
+    resumes: that must not count as cached prompt tokens (usage) or as hits (metrics)."""
+    eng = engine(num_blocks=20, max_model_len=128, max_num_batched_tokens=256)
+    for i, p in enumerate(prompts(6, seed=4, lo=40, hi=60)):  # distinct random prompts: nothing to share
+        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=60, ignore_eos=True))
+    first_deltas = {}
+    while eng.has_unfinished():
+        for d in eng.step():
+            first_deltas.setdefault(d.request_id, d)
+    assert eng.scheduler.num_preemptions > 0
+    assert all(d.num_cached_tokens == 0 for d in first_deltas.values())
+    assert eng.block_manager.prefix_hits == 0
