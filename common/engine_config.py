@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from common.cli_args import opt
+from common.speculative_config import SpeculativeConfig, parse_speculative_config
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,10 @@ class EngineConfig:
     cpu_kv_cache_fraction: float = opt(0.25, "fraction of available host memory for the KV cache (CPU)")
     enable_prefix_caching: bool = opt(True, "reuse the KV blocks of a shared prompt prefix")
     seed: int = opt(0, "seed of the generator for requests without their own seed")
+    speculative_config: SpeculativeConfig | None = opt(
+        None, 'n-gram speculative decoding, as vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
+              '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\'', parse=parse_speculative_config,
+        metavar="JSON")
 
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

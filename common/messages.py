@@ -78,6 +78,15 @@ class TokenDelta(msgspec.Struct, array_like=True):
     error: str | None = None  # with finish_reason "error": why the engine refused the request
 
 
+class SpecDecodeStats(msgspec.Struct, array_like=True):
+    """Speculative decoding since the last EngineStats (counter increments, vLLM's metrics)."""
+
+    num_drafts: int  # verifications of a draft
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_position: list[int]  # [num_speculative_tokens]: drafts accepted at least this far
+
+
 class EngineStats(msgspec.Struct):
     """Scheduler and cache gauges, sent once per step that changed something (inside
     EngineOutputs / TextOutputs, so untagged)."""
@@ -91,6 +100,7 @@ class EngineStats(msgspec.Struct):
     # Seconds from arrival to first schedule, one per request that left the queue since the
     # last EngineStats (observations for a histogram, not a gauge).
     queue_times: list[float] = []
+    spec_decode: SpecDecodeStats | None = None
 
 
 class EngineOutputs(msgspec.Struct, tag=True):

@@ -1,11 +1,13 @@
 """Offline batch generation on top of LLMEngine, like vLLM's `LLM(model).generate(...)`."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
 from common.engine_config import EngineConfig
+from common.speculative_config import SpeculativeConfig
 from engine.llm_engine import LLMEngine
 from common.messages import SamplingParams, TokenLogprob
 from common.parallel_sampling import fan_out
@@ -35,6 +37,9 @@ class LLM:
     supported local folder. Keyword arguments are EngineConfig fields."""
 
     def __init__(self, model: str | None = None, **engine_kwargs):
+        spec = engine_kwargs.get("speculative_config")
+        if isinstance(spec, dict):  # as vLLM's LLM(..., speculative_config={...})
+            engine_kwargs["speculative_config"] = SpeculativeConfig.from_json(json.dumps(spec))
         self.engine = LLMEngine(EngineConfig(model=model, **engine_kwargs))
         self._tokenizer = None
         self._next_id = 0

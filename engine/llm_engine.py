@@ -51,7 +51,7 @@ class LLMEngine(EngineCore):
         kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks), self.dtype, self.device)
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
-                              self.eos_token_ids)
+                              self.eos_token_ids, config.speculative_config)
         runner = ModelRunner(self.model, kv_caches, backend, config.block_size, config.max_num_seqs,
                              config.max_num_batched_tokens, max_model_len, self.device, self.eos_token_ids,
                              config.seed)

@@ -43,6 +43,9 @@ class SchedulerOutput:
     # since the previous step: these lose their rows (finished or aborted: their state too)
     finished_request_ids: set[str] = field(default_factory=set)
     preempted_request_ids: set[str] = field(default_factory=set)
+    # request id -> draft tokens scheduled after its last sampled token (speculative decoding);
+    # its num_scheduled_tokens is 1 + len(draft), and every one of those positions is sampled
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def has_work_for_runner(self) -> bool:
@@ -54,7 +57,8 @@ class RunnerOutput:
     """What one forward pass sampled, per request that reached the end of its known tokens."""
 
     request_ids: list[str]
-    sampled_token_ids: list[list[int]]  # per request; several tokens per step fit
+    # per request: one token, or with a draft the accepted draft tokens and one more
+    sampled_token_ids: list[list[int]]
     # Per request and sampled token: [sampled id, then the top-k ids] and their logprobs (raw
     # model distribution); None for requests that asked for none.
     logprob_token_ids: list[list[list[int]] | None] | None = None

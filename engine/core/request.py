@@ -35,12 +35,21 @@ class Request:
         self.block_hashes: list[int] = []
         self.num_registered_blocks = 0
         self.stop_token_ids: set[int] = set()  # the ids that end it (set by the scheduler)
+        # Speculative decoding: this step's draft (scheduled after the last sampled token, not
+        # part of token_ids), and how well its drafts have been accepted lately.
+        self.spec_token_ids: list[int] = []
+        self.spec_acceptance = 1.0
+        self.spec_resume_step = 0
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | None = None
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

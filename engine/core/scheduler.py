@@ -16,15 +16,17 @@ import time
 from collections import deque
 
 from common.messages import FinishReason, TokenDelta, TokenLogprob
+from common.speculative_config import SpeculativeConfig
 from engine.core.block_manager import BlockManager
 from engine.core.outputs import CachedRequestData, NewRequestData, RunnerOutput, SchedulerOutput
 from engine.core.request import Request, RequestStatus
+from engine.core.speculation import Speculator
 from engine.core.stop import stop_token_ids
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, eos_token_ids: set[int]):
+                 max_model_len: int, eos_token_ids: set[int], speculative_config: SpeculativeConfig | None = None):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -36,6 +38,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.queue_times: list[float] = []  # seconds from arrival to first schedule, not yet reported
         self._finished_ids: set[str] = set()  # finished or aborted since the last schedule()
+        self.speculator = None if speculative_config is None else Speculator(speculative_config, max_model_len)
 
     def add_request(self, req: Request) -> None:
         assert req.request_id not in self.requests, f"{req.request_id} is already scheduled"
@@ -60,11 +63,16 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         out = SchedulerOutput([], [], {}, self._finished_ids)
         self._finished_ids = set()
+        drafting = self.speculator is not None and self.speculator.start_step(len(self.running))
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_blocks_before = len(req.block_ids)
-            want = min(req.num_tokens - req.num_computed_tokens, budget)
+            in_decode = req.num_computed_tokens == req.num_tokens - 1
+            if drafting and in_decode:
+                assert self.speculator is not None
+                req.spec_token_ids = self.speculator.draft(req)[: budget - 1]
+            want = min(req.num_tokens_with_spec - req.num_computed_tokens, budget)
             num_new = self.block_manager.allocate(req, want)
             while num_new is None:
                 victim = self.running[-1]
@@ -78,6 +86,8 @@ class Scheduler:
             out.cached_requests.append(CachedRequestData(req.request_id, req.block_ids[num_blocks_before:],
                                                          req.num_computed_tokens))
             out.num_scheduled_tokens[req.request_id] = num_new
+            if req.spec_token_ids:
+                out.spec_token_ids[req.request_id] = req.spec_token_ids
             budget -= num_new
             i += 1
         # A step that had to preempt admits nobody: the pool is already short.
@@ -102,8 +112,17 @@ class Scheduler:
 
     def update(self, so: SchedulerOutput, ro: RunnerOutput) -> list[TokenDelta]:
         """Progress for every scheduled request, then the sampled tokens and the stop rules."""
+        if so.spec_token_ids:
+            num_sampled = {rid: len(tokens) for rid, tokens in zip(ro.request_ids, ro.sampled_token_ids, strict=True)}
         for request_id, num_new in so.num_scheduled_tokens.items():
             req = self.requests[request_id]
+            draft = so.spec_token_ids.get(request_id)
+            if draft:  # the KV of rejected draft positions is not kept: those slots are rewritten later
+                assert self.speculator is not None
+                num_accepted = num_sampled[request_id] - 1
+                self.speculator.record(req, len(draft), num_accepted)
+                num_new -= len(draft) - num_accepted
+                req.spec_token_ids = []
             req.num_computed_tokens += num_new
             self.block_manager.cache_full_blocks(req)
         deltas = []
@@ -160,6 +179,7 @@ class Scheduler:
         return True
 
     def _preempt(self, req: Request) -> None:
+        req.spec_token_ids = []
         self.running.remove(req)
         self.block_manager.free(req)
         req.num_computed_tokens = 0

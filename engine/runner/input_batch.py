@@ -62,11 +62,19 @@ class InputBatch:
         self.block_table.np[row, start:start + len(block_ids)] = block_ids
         self.num_blocks[row] = start + len(block_ids)
 
-    def append_sampled(self, rows: np.ndarray, rows_dev: torch.Tensor, sampled: torch.Tensor) -> None:
-        """Write this step's sampled ids ([len(rows)] on the device) after each row's tokens."""
-        positions = self.num_tokens[rows]
+    def write_draft(self, row: int, draft: list[int]) -> None:
+        """Draft tokens after the row's known ones: the step's input, not (yet) its tokens."""
+        n = int(self.num_tokens[row])
+        assert n + len(draft) <= self.max_model_len, "a draft ran past max_model_len"
+        self.token_ids[row, n:n + len(draft)] = torch.tensor(draft, dtype=torch.int32).to(self.device)
+
+    def append_sampled(self, rows: np.ndarray, rows_dev: torch.Tensor, sampled: torch.Tensor,
+                       offsets: np.ndarray | None = None) -> None:
+        """Write this step's sampled ids ([len(rows)] on the device) after each row's tokens; a row
+        that appears several times (an accepted draft) gets them at `offsets` 0, 1, ..."""
+        positions = self.num_tokens[rows] if offsets is None else self.num_tokens[rows] + offsets
         assert (positions < self.max_model_len).all(), "a request ran past max_model_len"
         pos_dev = torch.from_numpy(positions).to(self.device, non_blocking=True)
         self.token_ids.index_put_((rows_dev, pos_dev), sampled.to(torch.int32))
-        self.num_tokens[rows] += 1
+        np.add.at(self.num_tokens, rows, 1)
         self.sampling.record_sampled(rows, rows_dev, sampled)

@@ -20,7 +20,8 @@ from engine.core.outputs import RunnerOutput, SchedulerOutput
 from engine.models.llama import CausalLM
 from engine.runner.buffers import CpuGpuBuffer
 from engine.runner.input_batch import InputBatch
-from engine.sample.sampler import Sampler
+from engine.sample.sampler import Sampler, SamplerOutput
+from engine.sample.verify import accept_drafts
 from engine.utils import cdiv
 
 
@@ -30,10 +31,13 @@ class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens] int32
     positions: torch.Tensor  # [num_tokens] int64
     attention: StepInputs
-    logits_indices: torch.Tensor  # [num_sampled] int64: the rows whose logits are sampled
+    logits_indices: torch.Tensor  # [num_logits] int64: the rows whose logits are sampled
     sampled_request_ids: list[str]
-    sampled_rows: np.ndarray  # [num_sampled] batch rows, in the order of logits_indices
+    sampled_rows: np.ndarray  # [num_logits] batch rows, in the order of logits_indices
     sampled_rows_dev: torch.Tensor
+    # With drafts in the step: per sampled request its draft, and 1 + len(draft) logits rows
+    drafts: list[list[int]] | None = None
+    num_logits: np.ndarray | None = None
 
 
 class ModelRunner:
@@ -59,8 +63,9 @@ class ModelRunner:
         self._query_start_loc = CpuGpuBuffer(max_num_seqs + 1, torch.int32, device)
         self._seq_lens = CpuGpuBuffer(max_num_seqs, torch.int32, device)
         self._rows = CpuGpuBuffer(max_num_seqs, torch.int64, device)
-        self._logits_indices = CpuGpuBuffer(max_num_seqs, torch.int64, device)
-        self._sampled_rows = CpuGpuBuffer(max_num_seqs, torch.int64, device)
+        # a drafting request samples every scheduled position: up to the token budget
+        self._logits_indices = CpuGpuBuffer(max_num_batched_tokens, torch.int64, device)
+        self._sampled_rows = CpuGpuBuffer(max_num_batched_tokens, torch.int64, device)
         # On CUDA, the staging copies of a step are asynchronous, and a step that samples nothing
         # has no host sync: the host must not rewrite the pinned buffers before they are copied.
         self._staged: torch.cuda.Event | None = None
@@ -79,16 +84,42 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [num_sampled, vocab]
         md = self.batch.sampling.metadata(inputs.sampled_rows)
         out = self.sampler(logits, md, self.batch.sampling)
-        self.batch.append_sampled(inputs.sampled_rows, inputs.sampled_rows_dev, out.token_ids)
-        token_ids = out.token_ids.tolist()  # the step's one device-to-host read (plus logprobs if asked)
-        result = RunnerOutput(inputs.sampled_request_ids, [[t] for t in token_ids])
+        if inputs.num_logits is None:  # one token per request: the ids never leave the device first
+            self.batch.append_sampled(inputs.sampled_rows, inputs.sampled_rows_dev, out.token_ids)
+            samples = out.token_ids.tolist()  # the step's one device-to-host read (plus logprobs if asked)
+            result = RunnerOutput(inputs.sampled_request_ids, [[t] for t in samples])
+            first_rows = list(range(len(samples)))
+        else:
+            assert inputs.drafts is not None
+            accepted = accept_drafts(out.token_ids.tolist(), inputs.drafts, inputs.num_logits)
+            self._append_accepted(inputs, accepted)
+            result = RunnerOutput(inputs.sampled_request_ids, accepted)
+            first_rows = (np.cumsum(inputs.num_logits) - inputs.num_logits).tolist()
         if out.logprobs is not None:
-            assert out.logprob_token_ids is not None
-            ids, values = out.logprob_token_ids.tolist(), out.logprobs.tolist()
-            wanted = md.num_logprobs.tolist()
-            result.logprob_token_ids = [None if n < 0 else [ids[i][: n + 1]] for i, n in enumerate(wanted)]
-            result.logprobs = [None if n < 0 else [values[i][: n + 1]] for i, n in enumerate(wanted)]
+            self._add_logprobs(result, out, md.num_logprobs.tolist(), first_rows)
         return result
+
+    def _append_accepted(self, inputs: ModelInputs, accepted: list[list[int]]) -> None:
+        """Write each request's accepted tokens after its known ones (over its draft)."""
+        assert inputs.num_logits is not None
+        lengths = np.fromiter((len(a) for a in accepted), np.int64, len(accepted))
+        request_rows = inputs.sampled_rows[np.cumsum(inputs.num_logits) - inputs.num_logits]
+        rows = np.repeat(request_rows, lengths)
+        offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        tokens = torch.tensor([t for a in accepted for t in a], dtype=torch.int64).to(self.device)
+        self.batch.append_sampled(rows, torch.from_numpy(rows).to(self.device), tokens, offsets)
+
+    @staticmethod
+    def _add_logprobs(result: RunnerOutput, out: SamplerOutput, wanted: list[int], first_rows: list[int]) -> None:
+        """Per request and output token: [sampled id, top ids...] and their logprobs."""
+        assert out.logprob_token_ids is not None and out.logprobs is not None
+        ids, values = out.logprob_token_ids.tolist(), out.logprobs.tolist()
+        result.logprob_token_ids, result.logprobs = [], []
+        for first, tokens in zip(first_rows, result.sampled_token_ids, strict=True):
+            n = wanted[first]
+            rows = range(first, first + len(tokens))
+            result.logprob_token_ids.append(None if n < 0 else [ids[r][: n + 1] for r in rows])
+            result.logprobs.append(None if n < 0 else [values[r][: n + 1] for r in rows])
 
     def update_states(self, so: SchedulerOutput) -> None:
         """Apply the scheduler's diffs to the persistent batch: rows freed first, then taken."""
@@ -108,6 +139,9 @@ class ModelRunner:
         for cached in so.cached_requests:
             row = self.batch.row_of[cached.request_id]
             self.batch.num_computed_tokens[row] = cached.num_computed_tokens
+            draft = so.spec_token_ids.get(cached.request_id)
+            if draft:  # input only: the tokens after the known ones, until verified
+                self.batch.write_draft(row, draft)
             if cached.new_block_ids:
                 self.batch.append_blocks(row, cached.new_block_ids)
 
@@ -125,7 +159,12 @@ class ModelRunner:
             request_ids = [request_ids[i] for i in order]
         num_computed = b.num_computed_tokens[rows]
         seq_lens = num_computed + query_lens
-        assert (seq_lens <= b.num_tokens[rows]).all(), "scheduled past the known tokens"
+        known = b.num_tokens[rows]
+        num_draft = None
+        if so.spec_token_ids:
+            num_draft = np.fromiter((len(so.spec_token_ids.get(r, ())) for r in request_ids), np.int64, num_reqs)
+            known = known + num_draft
+        assert (seq_lens <= known).all(), "scheduled past the known tokens"
         qsl = np.zeros(num_reqs + 1, np.int64)
         np.cumsum(query_lens, out=qsl[1:])
         num_tokens = int(qsl[-1])
@@ -144,15 +183,25 @@ class ModelRunner:
             block_table=block_table)
         token_index = self._token_index.stage(token_rows * self.max_model_len + positions)
         input_ids = b.token_ids.view(-1).index_select(0, token_index)
-        samples = np.flatnonzero(seq_lens == b.num_tokens[rows])
-        sampled_rows = rows[samples]
-        logits_indices = self._logits_indices.stage(qsl[1:][samples] - 1)
+        samples = np.flatnonzero(seq_lens == known)  # requests whose scheduled tokens reach the end
+        sampled_ids = [request_ids[i] for i in samples]
+        drafts = num_logits = None
+        if num_draft is None:  # the last row of each
+            logits_rows, sampled_rows = qsl[1:][samples] - 1, rows[samples]
+        else:  # a drafting request's every position: its last token and each draft token
+            num_logits = 1 + num_draft[samples]
+            starts = np.repeat(qsl[1:][samples] - num_logits, num_logits)
+            logits_rows = starts + np.arange(int(num_logits.sum())) - np.repeat(np.cumsum(num_logits) - num_logits,
+                                                                                num_logits)
+            sampled_rows = np.repeat(rows[samples], num_logits)
+            drafts = [so.spec_token_ids.get(r, []) for r in sampled_ids]
+        logits_indices = self._logits_indices.stage(logits_rows)
         sampled_rows_dev = self._sampled_rows.stage(sampled_rows)
         if self.device.type == "cuda":
             self._staged = torch.cuda.Event()
             self._staged.record()
-        return ModelInputs(request_ids, input_ids, step.positions, step, logits_indices,
-                           [request_ids[i] for i in samples], sampled_rows, sampled_rows_dev)
+        return ModelInputs(request_ids, input_ids, step.positions, step, logits_indices, sampled_ids, sampled_rows,
+                           sampled_rows_dev, drafts, num_logits)
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of the flat batch."""

@@ -137,7 +137,7 @@ class SamplingState:
     def record_sampled(self, rows: np.ndarray, rows_dev: torch.Tensor, sampled: torch.Tensor) -> None:
         """After a step: fold the sampled ids ([len(rows)] on the device) into the rows that keep
         state, and lift the min_tokens ban of rows that reached it."""
-        self.num_output_tokens[rows] += 1
+        np.add.at(self.num_output_tokens, rows, 1)  # a row repeats once per accepted draft token
         counted = self.counts_outputs[rows]
         if counted.any():
             pos = None if counted.all() else _to(np.flatnonzero(counted), self.device)
