@@ -91,9 +91,11 @@ class EngineLoop:
     def _publish(self, deltas: list[TokenDelta]) -> None:
         gauges = self.engine.stats()
         queue_times = self.engine.scheduler.take_queue_times()
+        speculator = self.engine.scheduler.speculator
+        spec = None if speculator is None else speculator.take_stats()
         stats = None
-        if gauges != self.last_gauges or queue_times:
-            stats = msgspec.structs.replace(gauges, queue_times=queue_times)
+        if gauges != self.last_gauges or queue_times or spec is not None:
+            stats = msgspec.structs.replace(gauges, queue_times=queue_times, spec_decode=spec)
             self.last_gauges = gauges
         if self.error_deltas:
             deltas, self.error_deltas = self.error_deltas + deltas, []

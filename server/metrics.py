@@ -58,6 +58,15 @@ class ServerMetrics:
         self.request_success = {reason: success.labels(model_name=model_name, finished_reason=reason)
                                 for reason in FINISHED_REASONS}
         self._last_engine_counts = (0, 0, 0)
+        # Speculative decoding (vLLM's spec_decode counters); per position: drafts accepted at least
+        # that far, position 0 = the first draft token.
+        self.spec_num_drafts = counter("vllm:spec_decode_num_drafts", "Drafts verified.")
+        self.spec_num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_num_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self._spec_per_position = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                          "Draft tokens accepted, by position in the draft.",
+                                          ["model_name", "position"], registry=r)
+        self._model_name = model_name
 
     def on_engine_stats(self, s: EngineStats) -> None:
         self.num_requests_running.set(s.num_running)
@@ -71,6 +80,13 @@ class ServerMetrics:
         self._last_engine_counts = counts
         for seconds in s.queue_times:
             self.queue_time.observe(seconds)
+        if s.spec_decode is not None:
+            spec = s.spec_decode
+            self.spec_num_drafts.inc(spec.num_drafts)
+            self.spec_num_draft_tokens.inc(spec.num_draft_tokens)
+            self.spec_num_accepted_tokens.inc(spec.num_accepted_tokens)
+            for position, count in enumerate(spec.accepted_per_position):
+                self._spec_per_position.labels(model_name=self._model_name, position=str(position)).inc(count)
 
     def on_finished_choice(self, reason: FinishReason) -> None:
         self.request_success[reason].inc()
