@@ -3,17 +3,22 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Path
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from common.messages import DetokenizeRequest, TokenizeRequest
 from common.validation import check_token_ids
 from server import chat, completions
-from server.errors import bad_request, error_response, install_error_handlers, unavailable
-from server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from server.errors import ERROR_RESPONSES, bad_request, error_response, install_error_handlers, unavailable
+from server.json_body import StrictJSONRoute
+from server.middleware import ApiKeyMiddleware, BodyLimitMiddleware, HeaderLimitMiddleware
 from server.protocol import DetokenizeBody, TokenizeBody
 from server.state import ServingState
+
+
+class MetricsResponse(Response):
+    media_type = CONTENT_TYPE_LATEST
 
 
 def create_app(state: ServingState) -> FastAPI:
@@ -25,25 +30,29 @@ def create_app(state: ServingState) -> FastAPI:
         finally:
             state.shutdown()
 
-    app = FastAPI(title="llm-serve", lifespan=lifespan)
+    app = FastAPI(title="llm-serve", lifespan=lifespan, responses=ERROR_RESPONSES)
+    app.router.route_class = StrictJSONRoute  # for the routes below; the routers set their own
     app.state.serving = state
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(completions.router)
-    app.add_middleware(BodySizeLimitMiddleware)
+    # Added innermost first: the header limits run before the key, the key before the body.
+    app.add_middleware(BodyLimitMiddleware, read_timeout_s=state.config.body_read_timeout)
     if state.config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.config.api_key)
+    app.add_middleware(HeaderLimitMiddleware)
 
-    @app.get("/health")
+    # The OpenAPI document says what these answer: no body, and Prometheus text.
+    @app.get("/health", response_class=Response, responses={200: {"description": "Ready to serve"}})
     async def health():
         problem = state.health_problem()
         if problem is not None:
             return error_response(unavailable(problem))
         return Response(status_code=200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=MetricsResponse)
     async def metrics():
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return MetricsResponse(state.metrics.render())
 
     def model_card() -> dict:
         ready = state.ready
@@ -59,7 +68,7 @@ def create_app(state: ServingState) -> FastAPI:
         return {"object": "list", "data": [model_card()]}
 
     @app.get("/v1/models/{model:path}")
-    async def get_model(model: str):
+    async def get_model(model: str = Path(examples=[state.served_model_name])):  # noqa: B008 - FastAPI's way
         state.check_accepting()
         state.check_model(model)
         return model_card()

@@ -4,14 +4,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from common.messages import ChatMessage, GenerateRequest, TextDelta, TextLogprob, Usage
-from server.generation import ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
+from server.generation import STREAM_RESPONSE, ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
+from server.json_body import StrictJSONRoute
 from server.protocol import ChatCompletionRequest
 from server.sampling import chat_sampling_params
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=STREAM_RESPONSE)
 async def chat_completions(body: ChatCompletionRequest, raw: Request):
     state = raw.app.state.serving
     ready = admit(state, body)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import resource
 import sys
 
 import uvicorn
@@ -12,13 +13,12 @@ from common.default_model import DEFAULT_MODEL_NAME, default_model_dir, ensure_d
 from server.app import create_app
 from server.config import parse_args
 from server.draining import DrainingServer
+from server.http_protocol import LimitedH11Protocol
+from server.middleware import MAX_HEADER_BYTES
 from server.state import ServingState
 
 logger = logging.getLogger("server")
 
-# One request header block (request line + headers) larger than this is refused by h11, so a
-# single huge header cannot exhaust memory.
-MAX_HEADER_BYTES = 64 << 10
 GRACEFUL_SHUTDOWN_S = 10  # after our drain only idle keep-alive connections remain
 
 
@@ -33,8 +33,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m server") -> int:
         return 2
     served_name = server_config.served_model_name or engine_config.model or DEFAULT_MODEL_NAME
     state = ServingState(server_config, engine_config.replace(model=model_dir), model_dir, served_name)
+    raise_open_file_limit()
+    # h11 buffers at most MAX_HEADER_BYTES of an unfinished request head, so a single huge
+    # header cannot exhaust memory; the protocol answers it with 431.
     config = uvicorn.Config(
-        create_app(state), host=server_config.host, port=server_config.port, http="h11", lifespan="on",
+        create_app(state), host=server_config.host, port=server_config.port,
+        http=LimitedH11Protocol.with_header_timeout(server_config.header_read_timeout), lifespan="on",
         h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         log_level=server_config.log_level, log_config=None, access_log=False)
     server = DrainingServer(config, state)
@@ -45,6 +49,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m server") -> int:
     if not server.started and state.exit_code == 0:
         return 1  # could not bind the port, or the app failed to start
     return state.exit_code
+
+
+def raise_open_file_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit, as vLLM does: the default soft 1024 descriptors
+    run out with a few hundred open connections (each client holds one socket)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20  # Linux's default fs.nr_open
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            logger.warning("could not raise the open file limit from %d: %s", soft, exc)
 
 
 def _model_dir(model: str | None) -> str:

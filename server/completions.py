@@ -6,14 +6,15 @@ from fastapi import APIRouter, Request
 from common.messages import GenerateRequest, TextDelta, TextLogprob, Usage
 from common.validation import check_token_ids
 from server.errors import bad_request
-from server.generation import ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
+from server.generation import STREAM_RESPONSE, ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
+from server.json_body import StrictJSONRoute
 from server.protocol import CompletionRequest
 from server.sampling import MAX_N, completion_sampling_params
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=STREAM_RESPONSE)
 async def completions(body: CompletionRequest, raw: Request):
     state = raw.app.state.serving
     ready = admit(state, body)

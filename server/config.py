@@ -25,6 +25,9 @@ class ServerConfig:
     max_queued_requests: int = opt(
         1024, "sequences that may wait beyond --max-num-seqs; more get 503 with Retry-After")
     drain_timeout: float = opt(600.0, "seconds SIGTERM waits for running requests to finish")
+    header_read_timeout: float = opt(30.0, "seconds a client has to send a request's line and headers; a slower "
+                                           "one gets 408 and is disconnected")
+    body_read_timeout: float = opt(30.0, "seconds a request body may stop arriving before the request gets 408")
     log_level: str = opt("info", "debug | info | warning | error")
 
 

@@ -12,6 +12,7 @@ from http import HTTPStatus
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.errors import InvalidRequest
@@ -27,6 +28,39 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers
+
+
+class BodyParseError(StarletteHTTPException):
+    """A body that is not strict JSON (`server.json_body`). An HTTPException, because FastAPI lets
+    only those out of its body reading unchanged; it carries the param for the error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(status, message)
+        self.param = param
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: int | str | None
+
+
+class ErrorResponse(BaseModel):
+    """The error body, for the OpenAPI document."""
+
+    error: ErrorDetail
+
+
+# What every route of the OpenAPI document may answer besides its success. A "4XX" entry also
+# keeps FastAPI from documenting its 422, which this server never sends.
+ERROR_RESPONSES: dict[int | str, dict] = {
+    "4XX": {"model": ErrorResponse, "description": "Bad input (400), a wrong API key (401), an unknown model or "
+                                                   "route (404), a body too large (413), a request header "
+                                                   "section too large (431)"},
+    503: {"model": ErrorResponse, "description": "Loading, draining or overloaded; see Retry-After"},
+    500: {"model": ErrorResponse, "description": "The engine or the tokenizer worker failed"},
+}
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
@@ -80,7 +114,7 @@ def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | N
     if kind == "extra_forbidden":
         return f"{param}: unknown field; it is not supported", param
     if kind in ("missing", "model_attributes_type", "dict_type") and not loc:
-        return "the body must be a JSON object", None
+        return "the body must be a JSON object, sent with Content-Type: application/json", None
     message = str(first.get("msg", "invalid value"))
     return (f"{param}: {message}" if param else message), param
 
@@ -98,6 +132,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation_error(_request: Request, exc: RequestValidationError):
         message, param = describe_validation_error(exc)
         return error_response(ApiError(400, message[:500], param))
+
+    @app.exception_handler(BodyParseError)
+    async def _body_parse_error(_request: Request, exc: BodyParseError):
+        return error_response(ApiError(exc.status_code, exc.detail, exc.param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException):

@@ -25,6 +25,13 @@ from server.errors import ApiError, bad_request, error_body
 from server.state import ServingState
 from server.worker_client import RequestStream, WorkerClient
 
+# For the OpenAPI document: with "stream": true the answer is an SSE stream, not JSON.
+STREAM_RESPONSE: dict[int | str, dict] = {200: {
+    "description": "The completion: JSON, or with stream true Server-Sent Events (`data: {json}` chunks, "
+                   "then `data: [DONE]`)",
+    "content": {"text/event-stream": {"schema": {  # one event
+        "type": "object", "required": ["data"],
+        "properties": {"data": {"type": "string", "description": "a JSON chunk; the last event is [DONE]"}}}}}}}
 DISCONNECT_POLL_S = 0.1
 CLIENT_CLOSED_REQUEST = 499  # nginx's code; nobody reads it, the client is gone
 

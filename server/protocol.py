@@ -2,7 +2,8 @@
 
 Unknown fields are rejected (extra="forbid"), and so are known OpenAI fields this server does
 not implement, unless they carry their neutral value (tools=[], response_format text, ...):
-a request is never served with part of it silently ignored. Range checks of the sampling
+a request is never served with part of it silently ignored. Types are strict, and the body
+itself was parsed by `server.json_body` (valid Unicode, no duplicate keys, bounded size). Range checks of the sampling
 fields live in `common.validation`, shared with the engine.
 """
 from __future__ import annotations
@@ -35,7 +36,9 @@ _NEUTRAL = {
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON types are not coerced ("yes" is no boolean, false no token id, "4" no
+    # integer); an integer is still a number where a float is expected.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class UnsupportedFieldsCheck(StrictModel):

@@ -99,8 +99,8 @@ class WorkerClient:
         """Send the request; return its stream once the worker accepted it (ApiError if not)."""
         stream = RequestStream(request.request_id, num_choices, RequestMetrics(self.metrics))
         self.streams[request.request_id] = stream
-        self._push.send(request)
         try:
+            self._push.send(request)  # inside: a request that cannot be sent must not stay in flight
             first = await stream.queue.get()
         except BaseException:
             self.abort(request.request_id)
@@ -129,8 +129,8 @@ class WorkerClient:
         request_id = f"tok-{next(self._ids)}"
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        self._push.send(make_request(request_id))
         try:
+            self._push.send(make_request(request_id))
             return await future
         finally:
             self._pending.pop(request_id, None)

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import httpx
 import pytest
 
 from server_process import start_server
+from strict_input_cases import STRICT_CASES, check_error_body, normal_request_still_served
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 OK_MESSAGES = [{"role": "user", "content": "Hi"}]
 MARKER = "zq-do-not-echo-zq"  # put in bad values: must not come back in the error
+HEAD_TIMEOUT_S = 3
 
 
 @pytest.fixture(scope="module")
 def server():
-    s = start_server()
+    # Short read deadlines for the slow-client tests; every other request arrives at once.
+    s = start_server("--header-read-timeout", str(HEAD_TIMEOUT_S), "--body-read-timeout", str(HEAD_TIMEOUT_S))
     yield s
     s.stop()
 
@@ -149,6 +153,107 @@ def test_huge_header_and_huge_body_are_refused(server):
             answer += data
     assert answer.startswith(b"HTTP/1.1 413"), answer
     assert b'"code":413' in answer
+
+
+@pytest.mark.parametrize("path, body, status, param", [c[1:] for c in STRICT_CASES], ids=[c[0] for c in STRICT_CASES])
+def test_strict_parsing_refuses_with_4xx_naming_the_field(server, path, body, status, param):
+    response = httpx.post(f"{server.url}{path}", content=body, headers={"content-type": "application/json"},
+                          timeout=60)
+    assert response.status_code == status, response.text
+    check_error_body(response, status, param)
+
+
+def test_what_strictness_still_accepts(server):
+    """Integers where a float is expected, and an escaped surrogate pair (an emoji): still
+    served. /tokenize and the validation of a chat body stand in for generation, so the engine
+    still sees no request in this module."""
+    pair = httpx.post(f"{server.url}/tokenize", content=b'{"prompt": "\\ud83d\\ude00 ok"}', timeout=60,
+                      headers={"content-type": "application/json"})
+    assert pair.status_code == 200, pair.text
+    plain = httpx.post(f"{server.url}/tokenize", json={"prompt": "\U0001F600 ok"}, timeout=60)
+    assert pair.json()["tokens"] == plain.json()["tokens"]
+    # Integers for temperature, top_p, presence_penalty and a logit_bias value pass validation:
+    # the only complaint left is the prompt length (beyond max_model_len, checked last).
+    numbers = {"messages": [{"role": "user", "content": "hello " * 3000}], "temperature": 0, "top_p": 1,
+               "presence_penalty": 0, "logit_bias": {"5": 1}, "max_tokens": 4}
+    response = httpx.post(f"{server.url}{CHAT}", json=numbers, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages", response.text
+
+
+def test_oversized_header_sections_get_431_and_normal_ones_pass(server):
+    one_big = httpx.get(f"{server.url}/health", headers={"X-Big": "a" * (64 << 10)}, timeout=30)
+    assert one_big.status_code == 431
+    check_error_body(one_big, 431, None)
+    # httpx adds 5 fields (host, accept, accept-encoding, connection, user-agent): 100 in all pass.
+    fields = [(f"X-H{i}", "1") for i in range(95)]
+    assert httpx.get(f"{server.url}/health", headers=fields, timeout=30).status_code == 200
+    many = httpx.get(f"{server.url}/health", headers=[*fields, ("X-One-More", "1")], timeout=30)
+    assert many.status_code == 431 and "101 header fields" in many.json()["error"]["message"]
+    # What a real client may send: a 8 KiB cookie, a 4 KiB bearer token, 60 fields in all.
+    normal = [("Cookie", "c=" + "x" * 8192), ("Authorization", "Bearer " + "t" * 4096)]
+    normal += [(f"X-Trace-{i}", "v" * 40) for i in range(58)]
+    assert httpx.get(f"{server.url}/health", headers=normal, timeout=30).status_code == 200
+
+
+def test_header_section_sent_in_pieces_gets_431(server):
+    """A head that grows past the limit over several reads is stopped by h11's buffer limit."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        answer = b""
+        try:
+            for _ in range(40):  # 40 KiB of header lines, 1 KiB per write
+                sock.sendall(b"X-Pad: " + b"p" * 1014 + b"\r\n")
+                time.sleep(0.005)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before we finished
+        while data := sock.recv(65536):
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert b'"code":431' in answer
+
+
+def test_slow_loris_clients_time_out_and_hold_nothing(server):
+    """20 clients that send their head a byte at a time, one idle connection, one body that
+    stops: each is cut at the deadline with a 408 (the idle one silently), while the server keeps
+    answering others, and nothing of theirs reaches the engine."""
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    slow = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(20)]
+    idle = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    stalled_body = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    stalled_body.sendall(head + b"Content-Length: 100\r\n\r\n" + b'{"messages": [')
+    started = time.monotonic()
+    cut: dict[int, float] = {}
+    position = 0
+    while len(cut) < len(slow) and time.monotonic() - started < 4 * HEAD_TIMEOUT_S:
+        for i, sock in enumerate(slow):
+            if i not in cut:
+                try:
+                    sock.sendall(head[position % len(head): position % len(head) + 1])
+                except OSError:
+                    cut[i] = time.monotonic() - started
+        position += 1
+        normal_request_still_served(server)
+        time.sleep(0.2)
+    answers = [_read_to_close(sock) for sock in slow]
+    assert len(cut) == len(slow), f"only {len(cut)} of {len(slow)} slow clients were cut"
+    assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers[0][:200]
+    assert all(HEAD_TIMEOUT_S - 0.5 < t < HEAD_TIMEOUT_S + 3 for t in cut.values()), cut
+    assert _read_to_close(idle) == b""  # closed with no answer: it never asked anything
+    body_answer = _read_to_close(stalled_body)
+    assert body_answer.startswith(b"HTTP/1.1 408") and b"request body stopped arriving" in body_answer
+    assert b"connection: close" in body_answer.lower()
+    normal_request_still_served(server)
+
+
+def _read_to_close(sock: socket.socket) -> bytes:
+    answer = b""
+    with sock:
+        try:
+            while data := sock.recv(65536):
+                answer += data
+        except ConnectionResetError:
+            pass
+    return answer
 
 
 def test_server_still_healthy_and_engine_never_saw_a_bad_request(server):
