@@ -24,7 +24,8 @@ class ServerConfig:
                                secret=True)
     max_queued_requests: int = opt(
         1024, "sequences that may wait beyond --max-num-seqs; more get 503 with Retry-After")
-    drain_timeout: float = opt(600.0, "seconds SIGTERM waits for running requests to finish")
+    drain_timeout: float = opt(600.0, "seconds SIGTERM waits for running requests to finish; then the rest are "
+                                      "aborted with a 503 error and the server exits")
     header_read_timeout: float = opt(30.0, "seconds a client has to send a request's line and headers; a slower "
                                            "one gets 408 and is disconnected")
     body_read_timeout: float = opt(30.0, "seconds a request body may stop arriving before the request gets 408")

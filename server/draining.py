@@ -2,8 +2,10 @@
 
 uvicorn stops listening at the first signal, and sse-starlette 3.x then ends every open stream.
 Here the first signal only marks the server as draining: the port stays open so new requests
-get a 503 (not a refused connection), running requests finish, and once none is left (or
---drain-timeout passed) uvicorn shuts down. A second signal stops at once.
+get a 503 (not a refused connection), running requests finish, and once none is left uvicorn
+shuts down. At --drain-timeout the requests still running are aborted with a 503 error (a
+stream ends with the error event and [DONE]) and the server exits with status 0 all the same:
+the deadline is part of a normal stop. A second signal stops at once, with status 1.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import time
 import uvicorn
 from sse_starlette.sse import AppStatus
 
+from server.errors import RETRY_AFTER_S, ApiError
 from server.state import ServingState
 
 logger = logging.getLogger(__name__)
@@ -50,7 +53,13 @@ class DrainingServer(uvicorn.Server):
                 logger.info("drained; shutting down")
                 self.should_exit = True
             elif time.monotonic() - self.drain_requested_at > self.state.config.drain_timeout:
-                logger.warning("drain timeout: ending %d requests still running", in_flight)
-                AppStatus.should_exit = True
-                self.should_exit = True
+                # Each request left gets a 503 that says why (a stream: an error event, then
+                # [DONE]); the next tick finds none running and shuts down, and uvicorn lets the
+                # responses finish (timeout_graceful_shutdown) before it closes their connections.
+                timeout = self.state.config.drain_timeout
+                aborted = self.state.client.abort_all(ApiError(
+                    503, f"the server is shutting down: the request did not finish within the drain timeout "
+                         f"({timeout:g} s) and was aborted; retry it on another replica", code="drain_timeout",
+                    headers={"Retry-After": str(RETRY_AFTER_S)}))
+                logger.warning("drain timeout (%g s): aborted %d requests still running", timeout, aborted)
         return await super().on_tick(counter)

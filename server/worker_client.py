@@ -27,10 +27,15 @@ logger = logging.getLogger(__name__)
 
 
 class Failure:
-    """Put in a stream's queue when the pipeline died under it."""
+    """Put in a stream's queue when the request ends without its output: the pipeline died under
+    it, or the server aborted it at the end of a drain."""
 
-    def __init__(self, reason: str):
-        self.reason = reason
+    def __init__(self, error: ApiError):
+        self.error = error
+
+    @classmethod
+    def engine_failed(cls, reason: str) -> Failure:
+        return cls(ApiError(500, f"the request failed: {reason}", code="engine_failed"))
 
 
 class RequestStream:
@@ -46,7 +51,7 @@ class RequestStream:
         while True:
             item = await self.queue.get()
             if isinstance(item, Failure):
-                raise ApiError(500, f"the request failed: {item.reason}", code="engine_failed")
+                raise item.error
             yield item
             if item.usage is not None:
                 return
@@ -108,7 +113,7 @@ class WorkerClient:
         if isinstance(first, RequestRejected):
             raise ApiError(first.status, first.message, first.param)
         if isinstance(first, Failure):
-            raise ApiError(500, f"the request failed: {first.reason}", code="engine_failed")
+            raise first.error
         assert isinstance(first, PromptAccepted), f"unexpected first message {type(first).__name__}"
         stream.metrics.on_accepted(first.num_prompt_tokens)
         return stream
@@ -121,6 +126,18 @@ class WorkerClient:
         stream.metrics.on_aborted(stream.num_unfinished)
         if self.failure is None:
             self._push.send(AbortRequest([request_id]))
+
+    def abort_all(self, error: ApiError) -> int:
+        """End every request in flight with `error` (each stream sends it, then [DONE]) and stop
+        their sequences in the engine; returns how many there were."""
+        streams = list(self.streams.values())
+        self.streams.clear()
+        for stream in streams:
+            stream.metrics.on_aborted(stream.num_unfinished)
+            stream.queue.put_nowait(Failure(error))
+        if streams and self.failure is None:
+            self._push.send(AbortRequest([stream.request_id for stream in streams]))
+        return len(streams)
 
     async def call(self, make_request: Callable[[str], msgspec.Struct]) -> TokenizeResponse | DetokenizeResponse:
         """A tokenize / detokenize round trip; ApiError for bad input."""
@@ -202,7 +219,7 @@ class WorkerClient:
         self.failure = reason
         logger.error("%s", reason)
         for stream in self.streams.values():
-            stream.queue.put_nowait(Failure(reason))
+            stream.queue.put_nowait(Failure.engine_failed(reason))
         self.streams.clear()
         for future in self._pending.values():
             if not future.done():
