@@ -24,11 +24,11 @@ BASE_ARGS = ["--max-model-len", "2048", "--kv-cache-memory", str(128 << 20), "--
 
 
 class ServerProcess(ManagedServer):
-    def __init__(self, *extra_args: str):
+    def __init__(self, *extra_args: str, env: dict[str, str] | None = None):
         port = free_port()
         self.log_dir = Path(tempfile.mkdtemp(prefix="server-"))
         super().__init__("server", [sys.executable, "-m", "server", "--port", str(port), *BASE_ARGS, *extra_args],
-                         port, self.log_dir, cwd=REPO)
+                         port, self.log_dir, env=env, cwd=REPO)
 
     def wait_ready(self) -> ServerProcess:
         """Ready when /health answers 200; stopped (and the log in the error) if it never does."""
@@ -62,8 +62,9 @@ class ServerProcess(ManagedServer):
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
-def start_server(*extra_args: str) -> ServerProcess:
-    return ServerProcess(*extra_args).wait_ready()
+def start_server(*extra_args: str, env: dict[str, str] | None = None) -> ServerProcess:
+    """`env`: variables added to this process's environment for the server and its children."""
+    return ServerProcess(*extra_args, env=env).wait_ready()
 
 
 class SSEFormatError(AssertionError):
