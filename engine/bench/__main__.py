@@ -1,6 +1,7 @@
 """Benchmark: our engine vs transformers on the same model, prompts and dtype, in one run.
 
     python -m engine.bench [--dtype bfloat16|float32] [--rounds 2] [--batch 32]
+    python -m engine.bench --speculative [...]   (n-gram speculative decoding against none)
 
 Runs alternate (ours, transformers, ours, transformers, ...) so a noisy shared machine hits both
 alike; each figure is the best of the rounds. Workloads: 1 and `--batch` sequences, each with a
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 
 import torch
 
@@ -44,6 +46,11 @@ def best(results: list[RunResult]) -> RunResult:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--speculative":  # n-gram speculation against none (engine/bench/speculative.py)
+        from engine.bench.speculative import main as speculative_main
+
+        return speculative_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="Hugging Face folder; default: the embedded model")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
