@@ -150,3 +150,26 @@ def test_no_draft_for_penalised_requests_nor_past_max_tokens():
     assert any(n > 1 for step in eng.runner.steps[1:] for rid, n in step.items() if rid == "free")
     # the runner's own copy: a draft that ran past max_tokens would leave extra tokens here
     assert eng.runner.longest["free"] == len(ps[1]) + 30
+
+
+def test_drafting_pauses_for_a_request_whose_drafts_keep_failing():
+    from engine.core.request import Request
+    from engine.core.speculation import SUSPEND_STEPS, Speculator
+
+    speculator = Speculator(SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=2, prompt_lookup_max=3),
+                            max_model_len=256)
+    req = Request("r", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=50), 50)
+    speculator.start_step(1)
+    assert speculator.draft(req) == [3, 1, 2]
+    rounds = 0
+    while speculator.draft(req):
+        speculator.record(req, 3, 0)  # nothing accepted
+        speculator.start_step(1)
+        rounds += 1
+    assert 2 <= rounds <= 5  # a few failures, not one unlucky draft, stop it
+    for _ in range(SUSPEND_STEPS - 1):
+        assert speculator.draft(req) == []
+        speculator.start_step(1)
+    assert speculator.draft(req) == [3, 1, 2]  # and it tries again after the pause
+    stats = speculator.take_stats()
+    assert stats.num_drafts == rounds and stats.num_accepted_tokens == 0 and speculator.take_stats() is None
