@@ -2,6 +2,7 @@
 
     llm-serve serve [MODEL] [flags]   the OpenAI-compatible server (= python -m server)
     llm-serve bench serve [flags]     the load generator (= python -m loadtest)
+    llm-serve bench soak [flags]      mixed traffic for hours, resources sampled (= python -m loadtest soak)
     llm-serve bench servers [flags]   our server vs transformers serve (= python -m loadtest.bench_servers)
     llm-serve bench engine [flags]    our engine vs transformers (= python -m engine.bench)
 
@@ -29,6 +30,12 @@ def _bench_serve(argv: list[str], prog: str) -> int | None:
     return main(argv, prog=prog)
 
 
+def _bench_soak(argv: list[str], prog: str) -> int | None:
+    from loadtest.soak import main
+
+    return main(argv, prog=prog)
+
+
 def _bench_servers(argv: list[str], prog: str) -> int | None:
     from loadtest.bench_servers import main
 
@@ -46,6 +53,8 @@ def _bench_engine(argv: list[str], prog: str) -> int | None:
 COMMANDS: dict[tuple[str, ...], tuple[str, Callable[[list[str], str], int | None]]] = {
     ("serve",): ("run the OpenAI-compatible server (python -m server)", _serve),
     ("bench", "serve"): ("put load on an OpenAI-compatible server (python -m loadtest)", _bench_serve),
+    ("bench", "soak"): ("hours of mixed traffic, the server's RSS, FDs and KV usage sampled "
+                        "(python -m loadtest soak)", _bench_soak),
     ("bench", "servers"): ("our server vs transformers serve, one interleaved sweep "
                            "(python -m loadtest.bench_servers)", _bench_servers),
     ("bench", "engine"): ("our engine vs transformers on the same model (python -m engine.bench)", _bench_engine),
