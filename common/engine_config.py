@@ -32,6 +32,9 @@ class EngineConfig:
         None, 'n-gram speculative decoding, as vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
               '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\'', parse=parse_speculative_config,
         metavar="JSON")
+    grammar_compile_timeout: float = opt(
+        10.0, "seconds a structured-outputs grammar (response_format, structured_outputs, tools) may take to "
+              "compile; a slower one is refused with a 400")
 
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

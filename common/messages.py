@@ -16,6 +16,20 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 StopReason = int | str
 
 
+class StructuredOutputs(msgspec.Struct, frozen=True, array_like=True):
+    """A grammar the output must follow (compiled by `common.structured_outputs`).
+
+    kind "json": `spec` is a JSON schema (text); "json_object": any JSON object; "regex": a regular
+    expression; "choice": a JSON list of the allowed strings; "grammar": EBNF (xgrammar's dialect,
+    GBNF-like); "structural_tag": an xgrammar structural tag (JSON), e.g. the tool-call format.
+    `param` names the request field it came from, for errors.
+    """
+
+    kind: Literal["json", "json_object", "regex", "choice", "grammar", "structural_tag"]
+    spec: str
+    param: str = "structured_outputs"
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a request asks of the sampler and the stop rules (token level).
 
@@ -37,6 +51,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: int | None = None  # None: none; k >= 0: the sampled token plus k alternatives
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    structured_outputs: StructuredOutputs | None = None  # None: unconstrained
     # Text-level fields, used by the tokenizer worker only.
     stop: list[str] = []
     include_stop_str_in_output: bool = False
@@ -132,10 +147,20 @@ class ProcessError(msgspec.Struct, tag=True):
 # ---- to the tokenizer worker (from the server) -------------------------------------------
 
 
+class ChatToolCall(msgspec.Struct, array_like=True):
+    """A call an assistant turn made (from the conversation sent back to us)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text
+
+
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
-    role: str  # "system" | "user" | "assistant" (checked by the server)
+    role: str  # "system" | "user" | "assistant" | "tool" (checked by the server)
     content: str  # text parts already joined by the server
     name: str | None = None
+    tool_calls: list[ChatToolCall] | None = None  # assistant turns
+    tool_call_id: str | None = None  # tool turns: the call answered
 
 
 class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
@@ -148,6 +173,8 @@ class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
     sampling_params: SamplingParams
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
+    # Chat only: the tools to show the model (OpenAI's tool objects); None: no tools
+    tools: list[dict] | None = None
     prompts: list[str | list[int]] = []
 
 

@@ -38,6 +38,8 @@ def validate_sampling_params(p: SamplingParams, vocab_size: int) -> None:
     require(p.min_tokens >= 0, "min_tokens", f"must be non-negative, got {p.min_tokens}")
     require(p.max_tokens is None or p.min_tokens <= p.max_tokens, "min_tokens",
             f"must not exceed max_tokens ({p.min_tokens} > {p.max_tokens})")
+    require(p.structured_outputs is None or p.min_tokens == 0, "min_tokens",
+            "cannot be combined with structured outputs (its ban on stop tokens could leave the grammar no token)")
     require(p.logprobs is None or 0 <= p.logprobs <= MAX_LOGPROBS, "logprobs",
             f"must be in [0, {MAX_LOGPROBS}], got {p.logprobs}")
     require(p.seed is None or -(2**63) <= p.seed < 2**64, "seed", f"out of range: {p.seed}")

@@ -21,6 +21,7 @@ from engine.models.loader import load_model
 from engine.platform import Platform
 from engine.runner.kv_cache import allocate_kv_caches, bytes_per_block
 from engine.runner.model_runner import ModelRunner
+from engine.structured.manager import StructuredOutputManager
 from engine.utils import cdiv
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,8 @@ class LLMEngine(EngineCore):
         kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks), self.dtype, self.device)
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
-                              self.eos_token_ids, config.speculative_config)
+                              self.eos_token_ids, config.speculative_config,
+                              StructuredOutputManager(str(self.model_dir), arch.vocab_size, sorted(self.eos_token_ids)))
         runner = ModelRunner(self.model, kv_caches, backend, config.block_size, config.max_num_seqs,
                              config.max_num_batched_tokens, max_model_len, self.device, self.eos_token_ids,
                              config.seed)

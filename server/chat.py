@@ -3,11 +3,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from common.messages import ChatMessage, GenerateRequest, TextDelta, TextLogprob, Usage
+from common.messages import ChatMessage, ChatToolCall, GenerateRequest, TextDelta, TextLogprob, Usage
+from server.errors import bad_request
 from server.generation import STREAM_RESPONSE, ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
 from server.json_body import StrictJSONRoute
 from server.protocol import ChatCompletionRequest
 from server.sampling import chat_sampling_params
+from server.structured import requested_grammar
+from server.tool_choice import plan_tools
+from server.tool_parser import ToolCall, ToolCallParser
 
 router = APIRouter(route_class=StrictJSONRoute)
 
@@ -16,14 +20,22 @@ router = APIRouter(route_class=StrictJSONRoute)
 async def chat_completions(body: ChatCompletionRequest, raw: Request):
     state = raw.app.state.serving
     ready = admit(state, body)
-    params = chat_sampling_params(body, state.generation_defaults, ready.vocab_size, ready.max_model_len)
+    tools = plan_tools(body)
+    grammar = requested_grammar(body)
+    if tools is not None and grammar is not None:
+        raise bad_request("response_format: cannot be combined with tools unless tool_choice is none",
+                          "response_format" if body.response_format is not None else "structured_outputs")
+    if tools is not None:
+        grammar = tools.grammar
+    params = chat_sampling_params(body, state.generation_defaults, ready.vocab_size, ready.max_model_len, grammar)
     messages = to_chat_messages(body.messages)
     ids = ResponseIds.new("chatcmpl", state.served_model_name)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     request = GenerateRequest(request_id=ids.id, sampling_params=params, messages=messages,
-                              add_generation_prompt=body.add_generation_prompt)
-    return await serve_generation(state, raw, request, params.n, bool(body.stream), include_usage,
-                                  ChatRenderer(ids, include_usage, params.logprobs is not None))
+                              add_generation_prompt=body.add_generation_prompt,
+                              tools=None if tools is None else tools.tools)
+    renderer = ChatRenderer(ids, include_usage, params.logprobs is not None, parse_tools=tools is not None)
+    return await serve_generation(state, raw, request, params.n, bool(body.stream), include_usage, renderer)
 
 
 def chat_logprobs(entries: list[TextLogprob]) -> dict:
@@ -33,11 +45,17 @@ def chat_logprobs(entries: list[TextLogprob]) -> dict:
 
 
 class ChatRenderer:
-    def __init__(self, ids: ResponseIds, include_usage: bool, want_logprobs: bool):
+    """With tools offered, each choice's text goes through a ToolCallParser: calls come out as
+    `tool_calls` (streamed as OpenAI's deltas: the first with index, id, type and name, then
+    argument fragments), the rest as content, and a choice that called ends with "tool_calls"."""
+
+    def __init__(self, ids: ResponseIds, include_usage: bool, want_logprobs: bool, parse_tools: bool = False):
         self.ids = ids
         self.include_usage = include_usage
         self.want_logprobs = want_logprobs
+        self.parse_tools = parse_tools
         self.started: set[int] = set()  # choices whose role chunk went out
+        self.parsers: dict[int, ToolCallParser] = {}
 
     def _chunk(self, choice: dict) -> dict:
         chunk = {"id": self.ids.id, "object": "chat.completion.chunk", "created": self.ids.created,
@@ -53,13 +71,42 @@ class ChatRenderer:
             self.started.add(i)
             out.append(self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                     "finish_reason": None}))
-        if delta.text or delta.logprobs:
-            out.append(self._chunk({"index": i, "delta": {"content": delta.text},
-                                    "logprobs": chat_logprobs(delta.logprobs) if delta.logprobs else None,
-                                    "finish_reason": None}))
+        logprobs = chat_logprobs(delta.logprobs) if delta.logprobs else None
+        if not self.parse_tools:
+            if delta.text or logprobs:
+                out.append(self._chunk({"index": i, "delta": {"content": delta.text}, "logprobs": logprobs,
+                                        "finish_reason": None}))
+        else:
+            out += self._tool_chunks(i, delta, logprobs)
         if delta.finish_reason is not None:
-            out.append(self._chunk({"index": i, "delta": {}, "logprobs": None, "finish_reason": delta.finish_reason,
+            reason = delta.finish_reason
+            if reason == "stop" and self.parse_tools and self.parsers[i].calls:
+                reason = "tool_calls"
+            out.append(self._chunk({"index": i, "delta": {}, "logprobs": None, "finish_reason": reason,
                                     "stop_reason": delta.stop_reason}))
+        return out
+
+    def _tool_chunks(self, i: int, delta: TextDelta, logprobs: dict | None) -> list[dict]:
+        parser = self.parsers.setdefault(i, ToolCallParser())
+        parsed = parser.feed(delta.text)
+        if delta.finish_reason is not None:
+            parsed.events += parser.finish().events
+        out = []
+        for kind, value in parsed.events:
+            if kind == "content":
+                body: dict = {"content": value}
+            elif kind == "call":
+                assert isinstance(value, ToolCall)
+                body = {"tool_calls": [{"index": value.index, "id": value.id, "type": "function",
+                                        "function": {"name": value.name, "arguments": ""}}]}
+            else:
+                index, fragment = value  # type: ignore[misc]
+                body = {"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}
+            out.append(self._chunk({"index": i, "delta": body, "logprobs": logprobs, "finish_reason": None}))
+            logprobs = None  # the step's logprobs go with its first chunk
+        if logprobs:
+            out.append(self._chunk({"index": i, "delta": {"content": ""}, "logprobs": logprobs,
+                                    "finish_reason": None}))
         return out
 
     def usage_chunk(self, usage: Usage) -> dict:
@@ -68,14 +115,32 @@ class ChatRenderer:
 
     def response(self, choices: list[ChoiceResult], usage: Usage) -> dict:
         return {"id": self.ids.id, "object": "chat.completion", "created": self.ids.created, "model": self.ids.model,
-                "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                             "logprobs": chat_logprobs(c.logprobs) if self.want_logprobs else None,
-                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in choices],
-                "usage": usage_dict(usage)}
+                "choices": [self._choice(c) for c in choices], "usage": usage_dict(usage)}
+
+    def _choice(self, c: ChoiceResult) -> dict:
+        message: dict = {"role": "assistant", "content": c.text}
+        reason = c.finish_reason
+        if self.parse_tools:
+            parser = ToolCallParser()
+            parsed = parser.feed(c.text)
+            content = parsed.content + parser.finish().content
+            message["content"] = content if content.strip() or not parser.calls else None
+            if parser.calls:  # OpenAI leaves the field out when there are none
+                message["tool_calls"] = [{"id": call.id, "type": "function",
+                                          "function": {"name": call.name, "arguments": call.arguments}}
+                                         for call in parser.calls]
+                if reason == "stop":
+                    reason = "tool_calls"
+        return {"index": c.index, "message": message,
+                "logprobs": chat_logprobs(c.logprobs) if self.want_logprobs else None,
+                "finish_reason": reason, "stop_reason": c.stop_reason}
 
 
 def to_chat_messages(messages) -> list[ChatMessage]:
     """Request messages as the worker's ChatMessage structs (text content joined)."""
     # "developer" is OpenAI's newer name for the system role; chat templates know "system".
-    return [ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text(), name=m.name)
+    return [ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text(), name=m.name,
+                        tool_calls=None if m.tool_calls is None else [
+                            ChatToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls],
+                        tool_call_id=m.tool_call_id)
             for m in messages]

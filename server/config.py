@@ -29,6 +29,9 @@ class ServerConfig:
     header_read_timeout: float = opt(30.0, "seconds a client has to send a request's line and headers; a slower "
                                            "one gets 408 and is disconnected")
     body_read_timeout: float = opt(30.0, "seconds a request body may stop arriving before the request gets 408")
+    tool_call_parser: str = opt(
+        "auto", "how tool calls are written and read: hermes (<tool_call> JSON blocks, the one format implemented; "
+                "auto picks it for every chat template)", choices=("auto", "hermes"))
     log_level: str = opt("info", "debug | info | warning | error")
 
 

@@ -40,7 +40,8 @@ class ChildProcesses:
             ctx.Process(target=run_engine_process, name="engine",
                         args=(self.engine_config, self.paths, self.log_level)),
             ctx.Process(target=run_tokenizer_worker, name="tokenizer_worker",
-                        args=(self.model_dir, self.paths, self.log_level)),
+                        args=(self.model_dir, self.paths, self.log_level,
+                              self.engine_config.grammar_compile_timeout)),
         ]
         for proc in self.procs:
             proc.start()

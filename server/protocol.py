@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI API (and vLLM's extensions) as strict pydantic models.
 
 Unknown fields are rejected (extra="forbid"), and so are known OpenAI fields this server does
-not implement, unless they carry their neutral value (tools=[], response_format text, ...):
+not implement, unless they carry their neutral value (functions=[], store false, ...):
 a request is never served with part of it silently ignored. Types are strict, and the body
 itself was parsed by `server.json_body` (valid Unicode, no duplicate keys, bounded size). Range checks of the sampling
 fields live in `common.validation`, shared with the engine.
@@ -15,12 +15,8 @@ from pydantic_core import PydanticCustomError
 
 # name -> is the value neutral (same as not sending the field)?
 _NEUTRAL = {
-    "tools": lambda v: v in (None, []),
-    "tool_choice": lambda v: v in (None, "none"),
     "functions": lambda v: v in (None, []),
     "function_call": lambda v: v in (None, "none"),
-    "parallel_tool_calls": lambda v: v is None or isinstance(v, bool),
-    "response_format": lambda v: v is None or v == {"type": "text"},
     "modalities": lambda v: v in (None, ["text"]),
     "audio": lambda v: v is None,
     "prediction": lambda v: v is None,
@@ -64,15 +60,103 @@ class TextPart(StrictModel):
     text: str
 
 
+class ToolCallFunction(StrictModel):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCallIn(StrictModel):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
 class ChatMessageIn(StrictModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None only for an assistant turn with tool_calls
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+
+    @model_validator(mode="after")
+    def _check_role_fields(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise PydanticCustomError("missing_content", "content is required (null only for an assistant "
+                                      "message with tool_calls)")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise PydanticCustomError("bad_tool_calls", "tool_calls only on an assistant message")
+        if self.role == "tool" and not self.tool_call_id:
+            raise PydanticCustomError("missing_tool_call_id", "a tool message needs tool_call_id")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)  # vLLM's joining of text parts
+
+
+_TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
+
+
+class FunctionDefinition(StrictModel):
+    name: Annotated[str, Field(pattern=_TOOL_NAME)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: no arguments
+    strict: bool | None = None
+
+
+class ToolIn(StrictModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(StrictModel):
+    name: str
+
+
+class NamedToolChoice(StrictModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(StrictModel):
+    name: Annotated[str, Field(pattern=_TOOL_NAME)]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # None: any JSON
+    strict: bool | None = None
+
+
+class ResponseFormat(StrictModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise PydanticCustomError("json_schema", "json_schema is required with type json_schema, and only then")
+        return self
+
+
+class StructuredOutputsParams(StrictModel):
+    """vLLM's `structured_outputs` extension: exactly one of these."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")  # a JSON schema (object or its text)
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    grammar: str | None = None  # EBNF (xgrammar's dialect)
+    json_object: bool | None = None
+    structural_tag: str | None = None  # an xgrammar structural tag, as JSON text
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [k for k in ("json_", "regex", "choice", "grammar", "json_object", "structural_tag")
+                 if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise PydanticCustomError("structured_outputs", "give exactly one of json, regex, choice, grammar, "
+                                      "json_object, structural_tag")
+        return self
 
 
 class StreamOptions(StrictModel):
@@ -103,17 +187,22 @@ class SamplingFields(UnsupportedFieldsCheck):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
     unsupported: ClassVar[tuple[str, ...]] = (
-        "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "response_format", "modalities",
-        "audio", "prediction", "web_search_options", "reasoning_effort", "store", "metadata", "service_tier")
+        "functions", "function_call", "modalities", "audio", "prediction", "web_search_options", "reasoning_effort",
+        "store", "metadata", "service_tier")
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    tools: list[ToolIn] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -9,10 +9,11 @@ neither sets keeps the OpenAI default. The range checks are the engine's own
 from __future__ import annotations
 
 from common.errors import InvalidRequest
-from common.messages import SamplingParams
+from common.messages import SamplingParams, StructuredOutputs
 from common.validation import MAX_LOGPROBS, validate_sampling_params
 from server.errors import bad_request, invalid_request
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from server.structured import requested_grammar
 
 MAX_N = 128  # OpenAI's cap on choices per request
 MAX_STOP_STRINGS = 64  # each one is matched against every streamed character
@@ -21,12 +22,12 @@ _INT64_MAX = 2**63 - 1
 
 
 def chat_sampling_params(body: ChatCompletionRequest, defaults: dict, vocab_size: int,
-                         max_model_len: int) -> SamplingParams:
+                         max_model_len: int, structured: StructuredOutputs | None = None) -> SamplingParams:
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs: requires logprobs to be true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return _sampling_params(body, defaults, vocab_size, max_model_len, max_tokens, logprobs)
+    return _sampling_params(body, defaults, vocab_size, max_model_len, max_tokens, logprobs, structured)
 
 
 def completion_sampling_params(body: CompletionRequest, defaults: dict, vocab_size: int,
@@ -34,11 +35,13 @@ def completion_sampling_params(body: CompletionRequest, defaults: dict, vocab_si
     max_tokens = body.max_tokens
     if max_tokens is None:
         max_tokens = defaults.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
-    return _sampling_params(body, defaults, vocab_size, max_model_len, max_tokens, body.logprobs)
+    return _sampling_params(body, defaults, vocab_size, max_model_len, max_tokens, body.logprobs,
+                            requested_grammar(body))
 
 
 def _sampling_params(body: SamplingFields, defaults: dict, vocab_size: int, max_model_len: int,
-                     max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+                     max_tokens: int | None, logprobs: int | None,
+                     structured: StructuredOutputs | None) -> SamplingParams:
     n = 1 if body.n is None else body.n
     if not 1 <= n <= MAX_N:
         raise bad_request(f"n: must be in [1, {MAX_N}], got {n}", "n")
@@ -77,7 +80,7 @@ def _sampling_params(body: SamplingFields, defaults: dict, vocab_size: int, max_
         frequency_penalty=pick("frequency_penalty", 0.0), logit_bias=logit_bias, seed=body.seed,
         logprobs=logprobs, stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
         stop=stop, include_stop_str_in_output=body.include_stop_str_in_output,
-        skip_special_tokens=body.skip_special_tokens)
+        skip_special_tokens=body.skip_special_tokens, structured_outputs=structured)
     try:
         validate_sampling_params(params, vocab_size)
     except InvalidRequest as exc:

@@ -12,6 +12,7 @@ import jinja2
 from common.errors import InvalidRequest
 from common.messages import ChatMessage
 from common.validation import check_token_ids
+from tokenizer_worker.tool_prompt import template_has_tools, with_hermes_tools, with_template_tools
 
 
 class PromptTokenizer:
@@ -19,19 +20,22 @@ class PromptTokenizer:
         from transformers import AutoTokenizer  # imported in the worker process only
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.template_has_tools = template_has_tools(self.tokenizer.chat_template)
 
-    def chat_prompt_ids(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> list[int]:
+    def chat_prompt_ids(self, messages: Sequence[ChatMessage], add_generation_prompt: bool,
+                        tools: list[dict] | None = None) -> list[int]:
         if not self.tokenizer.chat_template:
             raise InvalidRequest("messages", "this model has no chat template; use /v1/completions with a prompt")
-        conversation = []
-        for m in messages:
-            entry = {"role": m.role, "content": m.content}
-            if m.name is not None:
-                entry["name"] = m.name
-            conversation.append(entry)
+        extra = {}
+        if self.template_has_tools:
+            conversation = with_template_tools(messages)
+            if tools:
+                extra["tools"] = tools
+        else:
+            conversation = with_hermes_tools(messages, tools)
         try:
             text = self.tokenizer.apply_chat_template(conversation, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt)
+                                                      add_generation_prompt=add_generation_prompt, **extra)
         except jinja2.TemplateError as exc:  # e.g. `raise_exception('roles must alternate')`
             raise InvalidRequest("messages", f"the model's chat template refused them: {exc}") from None
         # The template already wrote the special tokens it wants (BOS, role markers).

@@ -4,7 +4,8 @@ From the server: GenerateRequest (chat template, tokenize, check, fan out n choi
 engine), AbortRequest (forwarded for every unfinished choice), tokenize / detokenize requests.
 From the engine: TokenDeltas, turned into TextDeltas by one IncrementalDetokenizer per choice;
 a stop string ends its choice here and the engine is told to abort that child at once. Token
-deltas for ids it does not know (aborted, finished, late duplicates) are dropped.
+deltas for ids it does not know (aborted, finished, late duplicates) are dropped. A request with
+structured outputs goes on to the engine only once its grammar compiled here (`grammar_check`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from common.messages import (AbortRequest, DetokenizeRequest, DetokenizeResponse
 from common.parallel_sampling import fan_out
 from common.validation import resolve_max_tokens
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
+from tokenizer_worker.grammar_check import DEFAULT_COMPILE_TIMEOUT_S, GrammarChecker
 from tokenizer_worker.prompts import PromptTokenizer
 from tokenizer_worker.request_state import Choice, WorkerRequest
 from tokenizer_worker.token_text import TokenText
@@ -30,22 +32,26 @@ from tokenizer_worker.token_text import TokenText
 logger = logging.getLogger(__name__)
 
 PROCESS_NAME = "tokenizer_worker"
+COMPILE_POLL_MS = 5  # how often the loop looks at grammar compiles in flight
 
 
-def run_tokenizer_worker(model_dir: str, paths: IpcPaths, log_level: str = "info") -> None:
+def run_tokenizer_worker(model_dir: str, paths: IpcPaths, log_level: str = "info",
+                         grammar_compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S) -> None:
     """Entry function of the tokenizer worker process (multiprocessing spawn target)."""
 
     def body(ctx: zmq.Context, to_server: Channel) -> None:
         from_server = open_socket(ctx, zmq.PULL, paths.to_worker, bind=False)
         from_engine = open_socket(ctx, zmq.PULL, paths.from_engine, bind=True)
         to_engine = Channel(open_socket(ctx, zmq.PUSH, paths.to_engine, bind=False))
-        TokenizerWorker(PromptTokenizer(model_dir), to_server, to_engine).run(from_server, from_engine)
+        TokenizerWorker(PromptTokenizer(model_dir), to_server, to_engine,
+                        grammar_compile_timeout).run(from_server, from_engine)
 
     run_child(PROCESS_NAME, log_level, paths.to_server, body)
 
 
 class TokenizerWorker:
-    def __init__(self, prompts: PromptTokenizer, to_server: Channel, to_engine: Channel):
+    def __init__(self, prompts: PromptTokenizer, to_server: Channel, to_engine: Channel,
+                 grammar_compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S):
         self.prompts = prompts
         self.token_text = TokenText(prompts.tokenizer)
         self.to_server = to_server
@@ -53,6 +59,7 @@ class TokenizerWorker:
         self.engine: EngineReady | None = None  # limits, known once the engine is up
         self.requests: dict[str, WorkerRequest] = {}
         self.children: dict[str, tuple[WorkerRequest, Choice]] = {}  # by engine request id
+        self.grammars = GrammarChecker(prompts.tokenizer, grammar_compile_timeout)
 
     def run(self, from_server: zmq.Socket, from_engine: zmq.Socket) -> None:
         server_decoder = msgspec.msgpack.Decoder(ToTokenizerWorker)
@@ -62,7 +69,9 @@ class TokenizerWorker:
         poller.register(from_engine, zmq.POLLIN)
         parent = ParentWatch()
         while True:
-            ready = dict(poller.poll(IDLE_POLL_MS))
+            ready = dict(poller.poll(COMPILE_POLL_MS if self.grammars.pending else IDLE_POLL_MS))
+            if self.grammars.pending:
+                self.on_compiles_done()
             if not ready:
                 parent.check()
             # Engine output first: it frees state and carries the tokens clients wait for.
@@ -99,7 +108,8 @@ class TokenizerWorker:
         limits = self._limits()
         params = msg.sampling_params
         if msg.messages is not None:
-            field, prompts = "messages", [self.prompts.chat_prompt_ids(msg.messages, msg.add_generation_prompt)]
+            field, prompts = "messages", [self.prompts.chat_prompt_ids(msg.messages, msg.add_generation_prompt,
+                                                                          msg.tools)]
         else:
             field, prompts = "prompt", [self.prompts.text_prompt_ids(p) for p in msg.prompts]
         for ids in prompts:  # the engine's own admission check, so a bad prompt never reaches it
@@ -115,16 +125,36 @@ class TokenizerWorker:
                     stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
                 req.add_choice(Choice(index, p, child_id, detokenizer))
                 engine_requests.append(EngineRequest(child_id, ids, child_params))
-        self.requests[msg.request_id] = req
-        for choice in req.choices.values():
-            self.children[choice.child_id] = (req, choice)
-        self.to_server.send(PromptAccepted(msg.request_id, sum(req.prompt_lens)))
-        for er in engine_requests:
-            self.to_engine.send(er)
+
+        def dispatch() -> None:
+            self.requests[msg.request_id] = req
+            for choice in req.choices.values():
+                self.children[choice.child_id] = (req, choice)
+            self.to_server.send(PromptAccepted(msg.request_id, sum(req.prompt_lens)))
+            for er in engine_requests:
+                self.to_engine.send(er)
+
+        if params.structured_outputs is None:
+            dispatch()
+        else:
+            self.grammars.submit(msg.request_id, [params.structured_outputs], limits.vocab_size,
+                                 limits.eos_token_ids, dispatch)
+
+    def on_compiles_done(self) -> None:
+        for pending, error in self.grammars.poll():
+            if error is None:
+                pending.then()
+            elif isinstance(error, InvalidRequest):
+                self.to_server.send(RequestRejected(pending.request_id, str(error), param=error.param))
+            else:
+                logger.error("grammar of %s failed: %r", pending.request_id, error)
+                self.to_server.send(RequestRejected(pending.request_id, f"internal error: {type(error).__name__}",
+                                                    status=500))
 
     def abort(self, request_ids: list[str]) -> None:
         child_ids = []
         for request_id in request_ids:
+            self.grammars.cancel(request_id)  # still compiling: it never reaches the engine
             req = self.requests.pop(request_id, None)
             if req is None:
                 continue  # finished already, or never started: nothing to do

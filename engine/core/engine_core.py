@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from common.errors import InvalidRequest
 from common.messages import EngineStats, SamplingParams, TokenDelta
 from common.validation import resolve_max_tokens, validate_sampling_params
 from engine.core.outputs import RunnerOutput, SchedulerOutput
@@ -41,6 +42,8 @@ class EngineCore:
         validate_sampling_params(sampling_params, self.vocab_size)
         if sampling_params.n != 1:
             raise ValueError("n: the engine runs one sequence per request; fan out with common.parallel_sampling")
+        if sampling_params.structured_outputs is not None and self.scheduler.structured is None:
+            raise InvalidRequest("structured_outputs", "this engine runs without structured outputs")
         max_tokens = resolve_max_tokens(prompt_token_ids, self.vocab_size, sampling_params.max_tokens,
                                         self.max_model_len)
         self.scheduler.add_request(Request(request_id, prompt_token_ids, sampling_params, max_tokens))
@@ -54,9 +57,11 @@ class EngineCore:
 
     def step(self) -> list[TokenDelta]:
         so = self.scheduler.schedule()
+        failed = self.scheduler.take_failed()
         if not so.has_work_for_runner:
-            return []
-        return self.scheduler.update(so, self.runner.execute(so))
+            return failed
+        deltas = self.scheduler.update(so, self.runner.execute(so))
+        return failed + deltas + self.scheduler.take_failed()
 
     def stats(self) -> EngineStats:
         s, bm = self.scheduler, self.scheduler.block_manager

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.messages import SamplingParams
+from engine.structured.manager import GrammarBitmask
 
 
 @dataclass
@@ -46,6 +47,8 @@ class SchedulerOutput:
     # request id -> draft tokens scheduled after its last sampled token (speculative decoding);
     # its num_scheduled_tokens is 1 + len(draft), and every one of those positions is sampled
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # structured outputs: the allowed next tokens of the constrained requests that sample
+    grammar: GrammarBitmask | None = None
 
     @property
     def has_work_for_runner(self) -> bool:

@@ -40,8 +40,11 @@ class Request:
         self.spec_token_ids: list[int] = []
         self.spec_acceptance = 1.0
         self.spec_resume_step = 0
+        # Structured outputs: its grammar (engine.structured.RequestGrammar), None if unconstrained
+        self.grammar = None
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | None = None
+        self.error: str | None = None  # with finish_reason "error"
 
     @property
     def num_tokens(self) -> int:

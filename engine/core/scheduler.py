@@ -9,6 +9,11 @@ front of the queue, to be recomputed from its prompt and the tokens it already p
 `schedule()` says what runs (a `SchedulerOutput`: new requests with their data once, then diffs);
 `update()` reads back what the runner sampled, advances progress, registers full blocks in the
 prefix cache and applies the stop rules, returning one TokenDelta per request that got tokens.
+
+A request with structured outputs waits until its grammar has compiled (others are admitted past
+it); each step that samples it carries its allowed-token bitmask to the runner, and each token it
+gets advances its matcher. It never drafts (a draft would need the matcher rolled back), and a
+grammar that has nothing left to match ends it with "stop".
 """
 from __future__ import annotations
 
@@ -22,11 +27,13 @@ from engine.core.outputs import CachedRequestData, NewRequestData, RunnerOutput,
 from engine.core.request import Request, RequestStatus
 from engine.core.speculation import Speculator
 from engine.core.stop import stop_token_ids
+from engine.structured.manager import StructuredOutputManager
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, eos_token_ids: set[int], speculative_config: SpeculativeConfig | None = None):
+                 max_model_len: int, eos_token_ids: set[int], speculative_config: SpeculativeConfig | None = None,
+                 structured: StructuredOutputManager | None = None):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -39,10 +46,15 @@ class Scheduler:
         self.queue_times: list[float] = []  # seconds from arrival to first schedule, not yet reported
         self._finished_ids: set[str] = set()  # finished or aborted since the last schedule()
         self.speculator = None if speculative_config is None else Speculator(speculative_config, max_model_len)
+        self.structured = structured
+        self._failed: list[TokenDelta] = []  # requests ended by an error outside a step (a grammar)
 
     def add_request(self, req: Request) -> None:
         assert req.request_id not in self.requests, f"{req.request_id} is already scheduled"
         req.stop_token_ids = stop_token_ids(req.params, self.eos_token_ids)
+        if req.params.structured_outputs is not None:
+            assert self.structured is not None, "checked by the engine core"
+            req.grammar = self.structured.start(req.params.structured_outputs)
         self.requests[req.request_id] = req
         self.waiting.append(req)
 
@@ -69,7 +81,7 @@ class Scheduler:
             req = self.running[i]
             num_blocks_before = len(req.block_ids)
             in_decode = req.num_computed_tokens == req.num_tokens - 1
-            if drafting and in_decode:
+            if drafting and in_decode and req.grammar is None:
                 assert self.speculator is not None
                 req.spec_token_ids = self.speculator.draft(req)[: budget - 1]
             want = min(req.num_tokens_with_spec - req.num_computed_tokens, budget)
@@ -92,9 +104,17 @@ class Scheduler:
             i += 1
         # A step that had to preempt admits nobody: the pool is already short.
         now = time.time()
+        compiling: list[Request] = []  # skipped this step: their grammar is not compiled yet
         while (self.waiting and not out.preempted_request_ids and budget > 0
                and len(self.running) < self.max_num_seqs):
             req = self.waiting[0]
+            if req.grammar is not None and not req.grammar.ready():
+                compiling.append(self.waiting.popleft())
+                continue
+            if req.grammar is not None and req.grammar.error is not None:
+                self.finish(req, "error")
+                self._failed.append(TokenDelta(req.request_id, [], finish_reason="error", error=req.grammar.error))
+                continue
             num_new = self.block_manager.allocate(req, min(req.num_tokens, budget))
             if num_new is None:
                 break
@@ -108,7 +128,18 @@ class Scheduler:
                                                    req.params, list(req.block_ids), req.num_computed_tokens))
             out.num_scheduled_tokens[req.request_id] = num_new
             budget -= num_new
+        self.waiting.extendleft(reversed(compiling))
+        if self.structured is not None:
+            constrained = [self.requests[r] for r, n in out.num_scheduled_tokens.items()
+                           if self.requests[r].grammar is not None
+                           and self.requests[r].num_computed_tokens + n == self.requests[r].num_tokens]
+            if constrained:
+                out.grammar = self.structured.fill_bitmask(constrained)
         return out
+
+    def take_failed(self) -> list[TokenDelta]:
+        failed, self._failed = self._failed, []
+        return failed
 
     def update(self, so: SchedulerOutput, ro: RunnerOutput) -> list[TokenDelta]:
         """Progress for every scheduled request, then the sampled tokens and the stop rules."""
@@ -137,7 +168,7 @@ class Scheduler:
                     break
             deltas.append(TokenDelta(
                 request_id=request_id, new_token_ids=accepted, logprobs=_logprobs(ro, i, len(accepted)),
-                finish_reason=req.finish_reason, stop_reason=req.stop_reason,
+                finish_reason=req.finish_reason, stop_reason=req.stop_reason, error=req.error,
                 num_cached_tokens=req.num_cached_tokens if first_delta else None))
         return deltas
 
@@ -168,6 +199,14 @@ class Scheduler:
     def _check_stop(self, req: Request, token: int) -> bool:
         reason: FinishReason | None = None
         stop_reason = None
+        if req.grammar is not None:
+            assert self.structured is not None
+            if not self.structured.accept(req.grammar, token):
+                req.error = f"structured_outputs: the grammar refused token {token}"
+                self.finish(req, "error")
+                return True
+            if req.grammar.terminated:  # it accepted a stop token (or has nothing left to match)
+                reason = "stop"
         if req.num_output_tokens >= req.params.min_tokens and token in req.stop_token_ids:
             reason = "stop"
             stop_reason = token if token in req.params.stop_token_ids else None

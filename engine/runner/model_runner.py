@@ -22,6 +22,7 @@ from engine.runner.buffers import CpuGpuBuffer
 from engine.runner.input_batch import InputBatch
 from engine.sample.sampler import Sampler, SamplerOutput
 from engine.sample.verify import accept_drafts
+from engine.structured.bitmask import apply_grammar_bitmask
 from engine.utils import cdiv
 
 
@@ -82,6 +83,8 @@ class ModelRunner:
         if not inputs.sampled_request_ids:
             return RunnerOutput.empty()
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [num_sampled, vocab]
+        if so.grammar is not None:
+            apply_grammar_bitmask(logits, so.grammar, self._logits_row_of(inputs))
         md = self.batch.sampling.metadata(inputs.sampled_rows)
         out = self.sampler(logits, md, self.batch.sampling)
         if inputs.num_logits is None:  # one token per request: the ids never leave the device first
@@ -98,6 +101,14 @@ class ModelRunner:
         if out.logprobs is not None:
             self._add_logprobs(result, out, md.num_logprobs.tolist(), first_rows)
         return result
+
+    @staticmethod
+    def _logits_row_of(inputs: ModelInputs) -> dict[str, int]:
+        """Sampled request id -> its first logits row."""
+        if inputs.num_logits is None:
+            return {r: i for i, r in enumerate(inputs.sampled_request_ids)}
+        first = np.cumsum(inputs.num_logits) - inputs.num_logits
+        return dict(zip(inputs.sampled_request_ids, first.tolist(), strict=True))
 
     def _append_accepted(self, inputs: ModelInputs, accepted: list[list[int]]) -> None:
         """Write each request's accepted tokens after its known ones (over its draft)."""

@@ -1,0 +1,1 @@
+"""Grammar-constrained decoding: compiled grammars, per-request matchers, the per-step token mask."""
