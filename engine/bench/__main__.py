@@ -2,6 +2,7 @@
 
     python -m engine.bench [--dtype bfloat16|float32] [--rounds 2] [--batch 32]
     python -m engine.bench --speculative [...]   (n-gram speculative decoding against none)
+    python -m engine.bench --structured [...]    (JSON-schema-constrained decoding against none)
 
 Runs alternate (ours, transformers, ours, transformers, ...) so a noisy shared machine hits both
 alike; each figure is the best of the rounds. Workloads: 1 and `--batch` sequences, each with a
@@ -51,6 +52,10 @@ def main(argv: list[str] | None = None) -> None:
         from engine.bench.speculative import main as speculative_main
 
         return speculative_main(argv[1:])
+    if argv and argv[0] == "--structured":  # grammar masks against none (engine/bench/structured.py)
+        from engine.bench.structured import main as structured_main
+
+        return structured_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="Hugging Face folder; default: the embedded model")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])

@@ -4,7 +4,12 @@ from __future__ import annotations
 import enum
 import time
 
+from typing import TYPE_CHECKING
+
 from common.messages import FinishReason, SamplingParams
+
+if TYPE_CHECKING:
+    from engine.structured.manager import RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -40,8 +45,8 @@ class Request:
         self.spec_token_ids: list[int] = []
         self.spec_acceptance = 1.0
         self.spec_resume_step = 0
-        # Structured outputs: its grammar (engine.structured.RequestGrammar), None if unconstrained
-        self.grammar = None
+        # Structured outputs: its grammar, None if unconstrained
+        self.grammar: RequestGrammar | None = None
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | None = None
         self.error: str | None = None  # with finish_reason "error"
