@@ -139,8 +139,11 @@ class ChatRenderer:
 def to_chat_messages(messages) -> list[ChatMessage]:
     """Request messages as the worker's ChatMessage structs (text content joined)."""
     # "developer" is OpenAI's newer name for the system role; chat templates know "system".
-    return [ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text(), name=m.name,
-                        tool_calls=None if m.tool_calls is None else [
-                            ChatToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls],
-                        tool_call_id=m.tool_call_id)
-            for m in messages]
+    out = []
+    for m in messages:
+        calls = getattr(m, "tool_calls", None)  # assistant turns
+        out.append(ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text(), name=m.name,
+                               tool_calls=None if calls is None else [
+                                   ChatToolCall(c.id, c.function.name, c.function.arguments) for c in calls],
+                               tool_call_id=getattr(m, "tool_call_id", None)))
+    return out

@@ -107,6 +107,8 @@ def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | N
         return f"malformed JSON body{': ' + str(reason) if reason else ''}", None
     # Union members show up as loc parts such as "str" or "list[TextPart]"; drop them.
     loc = [part for part in loc if isinstance(part, int) or "[" not in str(part) and part not in ("str", "int")]
+    if kind.startswith("invalid_tag:"):  # a tagged union's tag field (server.protocol._tagged) is bad
+        loc.append(kind.partition(":")[2])
     param = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in loc).replace(".[", "[") or None
     if kind == "unsupported_field":
         field = str((first.get("ctx") or {}).get("field", ""))

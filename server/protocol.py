@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 # name -> is the value neutral (same as not sending the field)?
@@ -71,30 +72,56 @@ class ToolCallIn(StrictModel):
     function: ToolCallFunction
 
 
-class ChatMessageIn(StrictModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None  # None only for an assistant turn with tool_calls
-    name: str | None = None
-    tool_calls: list[ToolCallIn] | None = None  # an assistant turn's calls
-    tool_call_id: str | None = None  # a tool turn: the call it answers
+def _tagged(tag_field: str, field: str):
+    """A discriminated union on `tag_field`; each member's tag is "<field>[<value>]", so that error
+    locations name the field and the members stay out of `param` (parts with "[" are dropped)."""
+    def tag_of(value: Any) -> str | None:
+        tag = value.get(tag_field) if isinstance(value, dict) else getattr(value, tag_field, None)
+        return f"{field}[{tag}]" if isinstance(tag, str) else None
 
-    @model_validator(mode="after")
-    def _check_role_fields(self):
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise PydanticCustomError("missing_content", "content is required (null only for an assistant "
-                                      "message with tool_calls)")
-        if self.tool_calls is not None and self.role != "assistant":
-            raise PydanticCustomError("bad_tool_calls", "tool_calls only on an assistant message")
-        if self.role == "tool" and not self.tool_call_id:
-            raise PydanticCustomError("missing_tool_call_id", "a tool message needs tool_call_id")
-        return self
+    # the error type names the tag field (a context dict would make the type unhashable)
+    return Discriminator(tag_of, custom_error_type=f"invalid_tag:{tag_field}",
+                         custom_error_message="not one of the allowed values")
+
+
+class _Message(StrictModel):
+    name: str | None = None
 
     def text(self) -> str:
-        if self.content is None:
+        content = getattr(self, "content", None)
+        if content is None:
             return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "\n".join(part.text for part in self.content)  # vLLM's joining of text parts
+        if isinstance(content, str):
+            return content
+        return "\n".join(part.text for part in content)  # vLLM's joining of text parts
+
+
+class SystemMessage(_Message):
+    role: Literal["system", "developer"]
+    content: str | list[TextPart]
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+    content: str | list[TextPart]
+
+
+class AssistantMessage(_Message):
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = None  # None: a turn of tool calls only
+    tool_calls: list[ToolCallIn] | None = None
+
+
+class ToolMessage(_Message):
+    role: Literal["tool"]
+    content: str | list[TextPart]
+    tool_call_id: str  # the call it answers
+
+
+ChatMessageIn = Annotated[
+    Annotated[SystemMessage, Tag("role[system]")] | Annotated[SystemMessage, Tag("role[developer]")]
+    | Annotated[UserMessage, Tag("role[user]")] | Annotated[AssistantMessage, Tag("role[assistant]")]
+    | Annotated[ToolMessage, Tag("role[tool]")], _tagged("role", "role")]
 
 
 _TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
@@ -128,35 +155,49 @@ class JsonSchemaFormat(StrictModel):
     strict: bool | None = None
 
 
-class ResponseFormat(StrictModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
+class TextFormat(StrictModel):
+    type: Literal["text"]
 
-    @model_validator(mode="after")
-    def _schema_with_type(self):
-        if (self.type == "json_schema") != (self.json_schema is not None):
-            raise PydanticCustomError("json_schema", "json_schema is required with type json_schema, and only then")
-        return self
+
+class JsonObjectFormat(StrictModel):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(StrictModel):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[
+    Annotated[TextFormat, Tag("type[text]")] | Annotated[JsonObjectFormat, Tag("type[json_object]")]
+    | Annotated[JsonSchemaResponseFormat, Tag("type[json_schema]")], _tagged("type", "type")]
+
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 class StructuredOutputsParams(StrictModel):
-    """vLLM's `structured_outputs` extension: exactly one of these."""
+    """vLLM's `structured_outputs` extension: exactly one of these, not null."""
 
-    json_: dict[str, Any] | str | None = Field(None, alias="json")  # a JSON schema (object or its text)
-    regex: str | None = None
-    choice: Annotated[list[str], Field(min_length=1)] | None = None
-    grammar: str | None = None  # EBNF (xgrammar's dialect)
-    json_object: bool | None = None
-    structural_tag: str | None = None  # an xgrammar structural tag, as JSON text
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1, "maxProperties": 1})
 
-    @model_validator(mode="after")
-    def _exactly_one(self):
-        given = [k for k in ("json_", "regex", "choice", "grammar", "json_object", "structural_tag")
-                 if getattr(self, k) not in (None, False)]
-        if len(given) != 1:
-            raise PydanticCustomError("structured_outputs", "give exactly one of json, regex, choice, grammar, "
-                                      "json_object, structural_tag")
-        return self
+    json_: dict[str, Any] | str | SkipJsonSchema[None] = Field(None, alias="json")  # a schema (or its text)
+    regex: str | SkipJsonSchema[None] = None
+    choice: Annotated[list[str], Field(min_length=1)] | SkipJsonSchema[None] = None
+    grammar: str | SkipJsonSchema[None] = None  # EBNF (xgrammar's dialect)
+    json_object: bool | SkipJsonSchema[None] = None  # false: no constraint
+    structural_tag: str | SkipJsonSchema[None] = None  # an xgrammar structural tag, as JSON text
+
+    @model_validator(mode="before")
+    @classmethod
+    def _exactly_one(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if len(data) != 1:
+                raise PydanticCustomError("structured_outputs", "give exactly one of json, regex, choice, grammar, "
+                                          "json_object, structural_tag")
+            (key, value), = data.items()
+            if key in _STRUCTURED_KINDS and value is None:
+                raise PydanticCustomError("structured_outputs", "{key} must not be null", {"key": key})
+        return data
 
 
 class StreamOptions(StrictModel):

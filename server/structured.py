@@ -14,18 +14,19 @@ from common.errors import InvalidRequest
 from common.messages import StructuredOutputs
 from common.structured_outputs import choice_spec, json_object_spec, json_schema_spec
 from server.errors import bad_request, invalid_request
-from server.protocol import SamplingFields
+from server.protocol import JsonSchemaResponseFormat, SamplingFields
 
 
 def requested_grammar(body: SamplingFields) -> StructuredOutputs | None:
     rf, so = body.response_format, body.structured_outputs
+    if so is not None and so.json_object is False:
+        so = None  # {"json_object": false}: nothing asked
     if rf is not None and rf.type != "text" and so is not None:
         raise bad_request("structured_outputs: cannot be combined with response_format", "structured_outputs")
     try:
         if rf is not None and rf.type == "json_object":
             return json_object_spec("response_format")
-        if rf is not None and rf.type == "json_schema":
-            assert rf.json_schema is not None
+        if isinstance(rf, JsonSchemaResponseFormat):
             schema = rf.json_schema.schema_
             return json_schema_spec({} if schema is None else schema, "response_format.json_schema.schema")
         if so is None:
