@@ -42,6 +42,9 @@ def run_engine_process(config: EngineConfig, paths: IpcPaths, log_level: str = "
     run_child(PROCESS_NAME, log_level, paths.from_engine, body)
 
 
+COMPILE_POLL_MS = 5  # with nothing to run but requests whose grammar compiles: how often to look
+
+
 class EngineLoop:
     def __init__(self, engine, inbox: zmq.Socket, outbox: Channel):
         self.engine = engine
@@ -64,13 +67,20 @@ class EngineLoop:
                 self.parent.check()
 
     def run_once(self) -> None:
-        """Take what arrived (waiting for it only when idle), run one step, send its output."""
-        self._drain_inbox(block=not self.engine.has_unfinished())
+        """Take what arrived (waiting for it only when idle, or for a moment while the only work
+        left is grammars compiling), run one step, send its output."""
+        if not self.engine.has_unfinished():
+            wait_ms = IDLE_POLL_MS
+        elif self.engine.scheduler.only_compiling():
+            wait_ms = COMPILE_POLL_MS
+        else:
+            wait_ms = 0
+        self._drain_inbox(wait_ms)
         deltas = self.engine.step() if self.engine.has_unfinished() else []
         self._publish(deltas)
 
-    def _drain_inbox(self, block: bool) -> None:
-        if block and not self.poller.poll(IDLE_POLL_MS):
+    def _drain_inbox(self, wait_ms: int) -> None:
+        if wait_ms and not self.poller.poll(wait_ms):
             return
         for buffer in drain(self.inbox):
             self._handle(self.decoder.decode(buffer))

@@ -34,7 +34,7 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request):
     request = GenerateRequest(request_id=ids.id, sampling_params=params, messages=messages,
                               add_generation_prompt=body.add_generation_prompt,
                               tools=None if tools is None else tools.tools)
-    renderer = ChatRenderer(ids, include_usage, params.logprobs is not None, parse_tools=tools is not None)
+    renderer = ChatRenderer(ids, include_usage, params.logprobs is not None, None if tools is None else tools.mode)
     return await serve_generation(state, raw, request, params.n, bool(body.stream), include_usage, renderer)
 
 
@@ -47,15 +47,23 @@ def chat_logprobs(entries: list[TextLogprob]) -> dict:
 class ChatRenderer:
     """With tools offered, each choice's text goes through a ToolCallParser: calls come out as
     `tool_calls` (streamed as OpenAI's deltas: the first with index, id, type and name, then
-    argument fragments), the rest as content, and a choice that called ends with "tool_calls"."""
+    argument fragments), the rest as content. Content that is only whitespace beside calls (the
+    newline between two) is no content: null in the answer, not streamed. A choice that called
+    ends with "tool_calls", except under a named tool_choice, where OpenAI and vLLM say "stop"."""
 
-    def __init__(self, ids: ResponseIds, include_usage: bool, want_logprobs: bool, parse_tools: bool = False):
+    def __init__(self, ids: ResponseIds, include_usage: bool, want_logprobs: bool, tool_mode: str | None = None):
         self.ids = ids
         self.include_usage = include_usage
         self.want_logprobs = want_logprobs
-        self.parse_tools = parse_tools
+        self.tool_mode = tool_mode  # None: no tools offered; else server.tool_choice.ToolPlan.mode
+        self.parse_tools = tool_mode is not None
         self.started: set[int] = set()  # choices whose role chunk went out
         self.parsers: dict[int, ToolCallParser] = {}
+        self.held_space: dict[int, str] = {}  # per choice: whitespace-only content not sent yet
+        self.sent_text: set[int] = set()  # choices that sent content other than whitespace
+
+    def _finish_reason(self, reason, called: bool):
+        return "tool_calls" if called and reason == "stop" and self.tool_mode != "named" else reason
 
     def _chunk(self, choice: dict) -> dict:
         chunk = {"id": self.ids.id, "object": "chat.completion.chunk", "created": self.ids.created,
@@ -80,8 +88,8 @@ class ChatRenderer:
             out += self._tool_chunks(i, delta, logprobs)
         if delta.finish_reason is not None:
             reason = delta.finish_reason
-            if reason == "stop" and self.parse_tools and self.parsers[i].calls:
-                reason = "tool_calls"
+            if self.parse_tools:
+                reason = self._finish_reason(reason, bool(self.parsers[i].calls))
             out.append(self._chunk({"index": i, "delta": {}, "logprobs": None, "finish_reason": reason,
                                     "stop_reason": delta.stop_reason}))
         return out
@@ -92,7 +100,8 @@ class ChatRenderer:
         if delta.finish_reason is not None:
             parsed.events += parser.finish().events
         out = []
-        for kind, value in parsed.events:
+        for kind, value in self._hold_whitespace(i, parsed.events, delta.finish_reason is not None,
+                                                 bool(parser.calls)):
             if kind == "content":
                 body: dict = {"content": value}
             elif kind == "call":
@@ -107,6 +116,24 @@ class ChatRenderer:
         if logprobs:
             out.append(self._chunk({"index": i, "delta": {"content": ""}, "logprobs": logprobs,
                                     "finish_reason": None}))
+        return out
+
+    def _hold_whitespace(self, i: int, events: list, finished: bool, called: bool) -> list:
+        """The events to stream: content that is only whitespace waits until text follows it
+        (then both go), or the end (sent if no call was made, dropped otherwise)."""
+        out = []
+        for kind, value in events:
+            if kind == "content" and i not in self.sent_text:
+                if not value.strip():
+                    self.held_space[i] = self.held_space.get(i, "") + value
+                    continue
+                value = self.held_space.pop(i, "") + value
+                self.sent_text.add(i)
+            out.append((kind, value))
+        if finished and i in self.held_space:
+            held = self.held_space.pop(i)
+            if not called:
+                out.append(("content", held))
         return out
 
     def usage_chunk(self, usage: Usage) -> dict:
@@ -129,8 +156,7 @@ class ChatRenderer:
                 message["tool_calls"] = [{"id": call.id, "type": "function",
                                           "function": {"name": call.name, "arguments": call.arguments}}
                                          for call in parser.calls]
-                if reason == "stop":
-                    reason = "tool_calls"
+                reason = self._finish_reason(reason, True)
         return {"index": c.index, "message": message,
                 "logprobs": chat_logprobs(c.logprobs) if self.want_logprobs else None,
                 "finish_reason": reason, "stop_reason": c.stop_reason}

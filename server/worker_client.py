@@ -111,6 +111,8 @@ class WorkerClient:
             self.abort(request.request_id)
             raise
         if isinstance(first, RequestRejected):
+            if first.status == 503:  # busy, not bad input: the client may retry
+                raise unavailable(first.message)
             raise ApiError(first.status, first.message, first.param)
         if isinstance(first, Failure):
             raise first.error

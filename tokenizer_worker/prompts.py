@@ -12,7 +12,8 @@ import jinja2
 from common.errors import InvalidRequest
 from common.messages import ChatMessage
 from common.validation import check_token_ids
-from tokenizer_worker.tool_prompt import template_has_tools, with_hermes_tools, with_template_tools
+from common.tool_format import CALL_CLOSE, CALL_OPEN
+from tokenizer_worker.tool_prompt import template_has_hermes_tools, with_hermes_tools, with_template_tools
 
 
 class PromptTokenizer:
@@ -20,7 +21,10 @@ class PromptTokenizer:
         from transformers import AutoTokenizer  # imported in the worker process only
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.template_has_tools = template_has_tools(self.tokenizer.chat_template)
+        self.template_has_tools = template_has_hermes_tools(self.tokenizer.chat_template)
+        # a tokenizer whose <tool_call> is a special token would drop it from the text the parser reads
+        special = set(self.tokenizer.all_special_tokens)
+        self.tool_tags_are_special = CALL_OPEN in special or CALL_CLOSE in special
 
     def chat_prompt_ids(self, messages: Sequence[ChatMessage], add_generation_prompt: bool,
                         tools: list[dict] | None = None) -> list[int]:

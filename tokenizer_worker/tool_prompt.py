@@ -1,8 +1,10 @@
 """A conversation with tools, as the chat template gets it.
 
-A template with a tools branch of its own (it mentions `tools`: Qwen 2.5, Hermes, Llama 3.1...)
-gets the tools through `apply_chat_template(tools=...)` and the calls and tool turns in Hugging
-Face's message shape. A template without one (SmolLM2's) gets the hermes format written into
+A template with a hermes tools branch of its own (it mentions `tools` and `<tool_call>`: Qwen 2.5,
+Qwen 3, Hermes) gets the tools through `apply_chat_template(tools=...)` and the calls and tool
+turns in Hugging Face's message shape. Any other template (SmolLM2's, or one whose tools branch
+asks for another format, which the grammar and the parser would not read) gets the hermes format
+written into
 plain turns: the tool instructions lead the system message, an assistant turn's calls follow its
 text as `<tool_call>` blocks, and tool answers become a user turn of `<tool_response>` blocks
 (consecutive answers joined), as Qwen 2.5's template renders them.
@@ -13,11 +15,11 @@ import json
 from collections.abc import Sequence
 
 from common.messages import ChatMessage
-from common.tool_format import CALL_SEPARATOR, render_call, render_response, system_prompt
+from common.tool_format import CALL_OPEN, CALL_SEPARATOR, render_call, render_response, system_prompt
 
 
-def template_has_tools(chat_template: str | None) -> bool:
-    return bool(chat_template) and "tools" in chat_template
+def template_has_hermes_tools(chat_template: str | None) -> bool:
+    return bool(chat_template) and "tools" in chat_template and CALL_OPEN in chat_template
 
 
 def with_template_tools(messages: Sequence[ChatMessage]) -> list[dict]:

@@ -24,7 +24,7 @@ from common.messages import (AbortRequest, DetokenizeRequest, DetokenizeResponse
 from common.parallel_sampling import fan_out
 from common.validation import resolve_max_tokens
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
-from tokenizer_worker.grammar_check import DEFAULT_COMPILE_TIMEOUT_S, GrammarChecker
+from tokenizer_worker.grammar_check import DEFAULT_COMPILE_TIMEOUT_S, CompilersBusy, GrammarChecker
 from tokenizer_worker.prompts import PromptTokenizer
 from tokenizer_worker.request_state import Choice, WorkerRequest
 from tokenizer_worker.token_text import TokenText
@@ -115,13 +115,15 @@ class TokenizerWorker:
         for ids in prompts:  # the engine's own admission check, so a bad prompt never reaches it
             resolve_max_tokens(ids, limits.vocab_size, params.max_tokens, limits.max_model_len, param=field)
         req = WorkerRequest(msg.request_id, params, [len(ids) for ids in prompts])
+        # with tools offered, the tool-call tags must reach the parser even when they are special tokens
+        skip_special = params.skip_special_tokens and not (msg.tools and self.prompts.tool_tags_are_special)
         engine_requests = []
         for p, ids in enumerate(prompts):
             first_index = p * params.n
             for i, (child_id, child_params) in enumerate(fan_out(msg.request_id, params, first_index)):
                 index = first_index + i
                 detokenizer = IncrementalDetokenizer(
-                    self.prompts.tokenizer, ids, skip_special_tokens=params.skip_special_tokens,
+                    self.prompts.tokenizer, ids, skip_special_tokens=skip_special,
                     stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
                 req.add_choice(Choice(index, p, child_id, detokenizer))
                 engine_requests.append(EngineRequest(child_id, ids, child_params))
@@ -137,7 +139,7 @@ class TokenizerWorker:
         if params.structured_outputs is None:
             dispatch()
         else:
-            self.grammars.submit(msg.request_id, [params.structured_outputs], limits.vocab_size,
+            self.grammars.submit(msg.request_id, params.structured_outputs, limits.vocab_size,
                                  limits.eos_token_ids, dispatch)
 
     def on_compiles_done(self) -> None:
@@ -146,6 +148,8 @@ class TokenizerWorker:
                 pending.then()
             elif isinstance(error, InvalidRequest):
                 self.to_server.send(RequestRejected(pending.request_id, str(error), param=error.param))
+            elif isinstance(error, CompilersBusy):
+                self.to_server.send(RequestRejected(pending.request_id, str(error), status=503))
             else:
                 logger.error("grammar of %s failed: %r", pending.request_id, error)
                 self.to_server.send(RequestRejected(pending.request_id, f"internal error: {type(error).__name__}",

@@ -103,17 +103,15 @@ class Scheduler:
             budget -= num_new
             i += 1
         # A step that had to preempt admits nobody: the pool is already short.
+        if self.structured is not None:
+            self._fail_broken_grammars()
         now = time.time()
         compiling: list[Request] = []  # skipped this step: their grammar is not compiled yet
         while (self.waiting and not out.preempted_request_ids and budget > 0
                and len(self.running) < self.max_num_seqs):
             req = self.waiting[0]
-            if req.grammar is not None and not req.grammar.ready():
-                compiling.append(self.waiting.popleft())
-                continue
-            if req.grammar is not None and req.grammar.error is not None:
-                self.finish(req, "error")
-                self._failed.append(TokenDelta(req.request_id, [], finish_reason="error", error=req.grammar.error))
+            if req.grammar is not None and (not req.grammar.ready() or req.grammar.error is not None):
+                compiling.append(self.waiting.popleft())  # failed ones end at the next step's start
                 continue
             num_new = self.block_manager.allocate(req, min(req.num_tokens, budget))
             if num_new is None:
@@ -136,6 +134,19 @@ class Scheduler:
             if constrained:
                 out.grammar = self.structured.fill_bitmask(constrained)
         return out
+
+    def only_compiling(self) -> bool:
+        """Nothing runs and every waiting request waits for its grammar to compile."""
+        return not self.running and all(r.grammar is not None and r.grammar.compiling is not None
+                                        for r in self.waiting)
+
+    def _fail_broken_grammars(self) -> None:
+        """End the waiting requests whose grammar failed to compile, whatever the step's room."""
+        for req in [r for r in self.waiting if r.grammar is not None and r.grammar.ready()
+                    and r.grammar.error is not None]:
+            assert req.grammar is not None and req.grammar.error is not None
+            self.finish(req, "error")
+            self._failed.append(TokenDelta(req.request_id, [], finish_reason="error", error=req.grammar.error))
 
     def take_failed(self) -> list[TokenDelta]:
         failed, self._failed = self._failed, []
@@ -179,6 +190,8 @@ class Scheduler:
         elif req.status == RequestStatus.WAITING:
             self.waiting.remove(req)
         self.block_manager.free(req)
+        if req.grammar is not None and req.grammar.compiling is not None:
+            req.grammar.compiling.cancel()  # not started yet: it never runs
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.stop_reason = stop_reason

@@ -7,13 +7,14 @@ are not touched. xgrammar's kernel does the unpacking (C++ on the CPU, Triton or
 from __future__ import annotations
 
 import torch
-import xgrammar as xgr
 
 from engine.structured.manager import GrammarBitmask
 
 
 def apply_grammar_bitmask(logits: torch.Tensor, grammar: GrammarBitmask, logits_row_of: dict[str, int]) -> None:
     """logits: [num_logits, vocab] float32, in place; logits_row_of: request id -> its row."""
+    import xgrammar as xgr  # here: an engine that never sees a grammar never loads it
+
     rows = [logits_row_of[r] for r in grammar.request_ids]
     bitmask = grammar.bitmask.to(logits.device, non_blocking=True)
     vocab_size = min(logits.shape[-1], bitmask.shape[-1] * 32)

@@ -64,7 +64,7 @@ def test_grammars_compile_before_the_engine_sees_them(prompts):  # noqa: F811
         q.close()
 
 
-def test_a_slow_compile_is_refused_at_the_deadline_and_an_abort_sends_nothing(prompts):  # noqa: F811
+def test_a_slow_compile_is_refused_at_the_deadline_then_at_once_and_an_abort_sends_nothing(prompts):  # noqa: F811
     w, q = make_worker(prompts, timeout_s=0.001)
     try:
         w.on_server_message(request("slow", StructuredOutputs("json", big_schema("slow"), "response_format")))
@@ -73,6 +73,12 @@ def test_a_slow_compile_is_refused_at_the_deadline_and_an_abort_sends_nothing(pr
         [rejected] = q.read(q.server_in, ToServer)
         assert isinstance(rejected, RequestRejected) and rejected.param == "response_format"
         assert "did not compile within" in rejected.message
+        # the same grammar again: refused at once (it may sit in the cache by now, but the engine's
+        # compiler would take as long again, with no limit)
+        w.on_server_message(request("again", StructuredOutputs("json", big_schema("slow"), "response_format")))
+        w.on_compiles_done()
+        [again] = q.read(q.server_in, ToServer)
+        assert isinstance(again, RequestRejected) and "refused before" in again.message
         w.grammars.timeout_s = 60
         w.on_server_message(request("gone", StructuredOutputs("json", big_schema("gone"), "response_format")))
         w.on_server_message(AbortRequest(["gone"]))
