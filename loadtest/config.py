@@ -27,19 +27,26 @@ def parse_levels(text: str) -> tuple[int, ...]:
     return levels
 
 
+def parse_pairs(text: str, sep: str, keys, what: str) -> dict[str, float]:
+    """"a<sep>1,b<sep>2" -> {"a": 1.0, "b": 2.0}, keys from `keys`; `what` names a value in errors."""
+    pairs: dict[str, float] = {}
+    for part in text.split(","):
+        key, found, value = part.strip().partition(sep)
+        if not found or key not in keys:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected KEY{sep}VALUE with KEY in {', '.join(keys)}")
+        try:
+            pairs[key] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r}: {value!r} is not {what}") from None
+    return pairs
+
+
 def parse_slo(text: str) -> dict[str, float]:
     """Parse "ttft:500,tpot:50" into {"ttft": 500.0, "tpot": 50.0} (milliseconds)."""
-    slo: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.strip().partition(":")
-        if not sep or key not in SLO_KEYS:
-            raise argparse.ArgumentTypeError(f"{part!r}: expected KEY:MS with KEY in {', '.join(SLO_KEYS)}")
-        try:
-            slo[key] = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r}: {value!r} is not a number of milliseconds") from None
-        if slo[key] <= 0:
-            raise argparse.ArgumentTypeError(f"{part!r}: an SLO must be > 0 ms")
+    slo = parse_pairs(text, ":", SLO_KEYS, "a number of milliseconds")
+    for key, value in slo.items():
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{key}:{value:g}: an SLO must be > 0 ms")
     return slo
 
 

@@ -75,11 +75,11 @@ def process_tree(root: int) -> list[tuple[int, str]]:
                 root_comm = comm
     if root_comm is None:
         return []
-    tree, todo = [(root, root_comm)], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
+    tree, unvisited = [(root, root_comm)], [root]  # depth first over the parent -> children map
+    while unvisited:
+        for child in children.get(unvisited.pop(), []):
             tree.append(child)
-            todo.append(child[0])
+            unvisited.append(child[0])
     return tree
 
 

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from common.cli_args import add_dataclass_args, dataclass_from_args, opt
+from loadtest.config import parse_pairs
 from loadtest.process_stats import listening_pid, sample_tree
 from loadtest.server_gauges import read_gauges
 from loadtest.soak_report import Sample, format_sample, report, write_outputs
@@ -40,15 +41,7 @@ IDLE_WAIT_S = 60.0  # after the last answer, for the engine gauges to return to 
 
 def parse_mix(text: str) -> dict[str, float]:
     """"stream=5,nonstream=3,abort=2" -> weights per kind."""
-    mix: dict[str, float] = {}
-    for part in text.split(","):
-        kind, sep, weight = part.strip().partition("=")
-        if not sep or kind not in KINDS:
-            raise argparse.ArgumentTypeError(f"{part!r}: expected KIND=WEIGHT with KIND in {', '.join(KINDS)}")
-        try:
-            mix[kind] = float(weight)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r}: {weight!r} is not a number") from None
+    mix = parse_pairs(text, "=", KINDS, "a number")
     if not any(w > 0 for w in mix.values()) or any(w < 0 for w in mix.values()):
         raise argparse.ArgumentTypeError(f"{text!r}: weights must be >= 0, at least one > 0")
     return mix

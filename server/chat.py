@@ -56,11 +56,14 @@ class ChatRenderer:
         self.include_usage = include_usage
         self.want_logprobs = want_logprobs
         self.tool_mode = tool_mode  # None: no tools offered; else server.tool_choice.ToolPlan.mode
-        self.parse_tools = tool_mode is not None
         self.started: set[int] = set()  # choices whose role chunk went out
         self.parsers: dict[int, ToolCallParser] = {}
         self.held_space: dict[int, str] = {}  # per choice: whitespace-only content not sent yet
         self.sent_text: set[int] = set()  # choices that sent content other than whitespace
+
+    @property
+    def parse_tools(self) -> bool:
+        return self.tool_mode is not None
 
     def _finish_reason(self, reason, called: bool):
         return "tool_calls" if called and reason == "stop" and self.tool_mode != "named" else reason

@@ -47,6 +47,7 @@ class Scheduler:
         self._finished_ids: set[str] = set()  # finished or aborted since the last schedule()
         self.speculator = None if speculative_config is None else Speculator(speculative_config, max_model_len)
         self.structured = structured
+        self.constrained: set[str] = set()  # unfinished requests with a grammar: the only ones a step checks
         self._failed: list[TokenDelta] = []  # requests ended by an error outside a step (a grammar)
 
     def add_request(self, req: Request) -> None:
@@ -55,6 +56,7 @@ class Scheduler:
         if req.params.structured_outputs is not None:
             assert self.structured is not None, "checked by the engine core"
             req.grammar = self.structured.start(req.params.structured_outputs)
+            self.constrained.add(req.request_id)
         self.requests[req.request_id] = req
         self.waiting.append(req)
 
@@ -103,7 +105,7 @@ class Scheduler:
             budget -= num_new
             i += 1
         # A step that had to preempt admits nobody: the pool is already short.
-        if self.structured is not None:
+        if self.constrained:
             self._fail_broken_grammars()
         now = time.time()
         compiling: list[Request] = []  # skipped this step: their grammar is not compiled yet
@@ -127,26 +129,29 @@ class Scheduler:
             out.num_scheduled_tokens[req.request_id] = num_new
             budget -= num_new
         self.waiting.extendleft(reversed(compiling))
-        if self.structured is not None:
-            constrained = [self.requests[r] for r, n in out.num_scheduled_tokens.items()
-                           if self.requests[r].grammar is not None
-                           and self.requests[r].num_computed_tokens + n == self.requests[r].num_tokens]
-            if constrained:
-                out.grammar = self.structured.fill_bitmask(constrained)
+        if self.constrained:
+            sampling = [self.requests[r] for r, n in out.num_scheduled_tokens.items() if r in self.constrained
+                        and self.requests[r].num_computed_tokens + n == self.requests[r].num_tokens]
+            if sampling:
+                assert self.structured is not None
+                out.grammar = self.structured.fill_bitmask(sampling)
         return out
 
     def only_compiling(self) -> bool:
         """Nothing runs and every waiting request waits for its grammar to compile."""
-        return not self.running and all(r.grammar is not None and r.grammar.compiling is not None
-                                        for r in self.waiting)
+        if self.running or not self.constrained:
+            return False
+        return all(r.grammar is not None and r.grammar.compiling is not None for r in self.waiting)
 
     def _fail_broken_grammars(self) -> None:
         """End the waiting requests whose grammar failed to compile, whatever the step's room."""
-        for req in [r for r in self.waiting if r.grammar is not None and r.grammar.ready()
-                    and r.grammar.error is not None]:
-            assert req.grammar is not None and req.grammar.error is not None
+        for req in [self.requests[r] for r in self.constrained]:
+            grammar = req.grammar
+            assert grammar is not None
+            if req.status != RequestStatus.WAITING or not grammar.ready() or grammar.error is None:
+                continue
             self.finish(req, "error")
-            self._failed.append(TokenDelta(req.request_id, [], finish_reason="error", error=req.grammar.error))
+            self._failed.append(TokenDelta(req.request_id, [], finish_reason="error", error=grammar.error))
 
     def take_failed(self) -> list[TokenDelta]:
         failed, self._failed = self._failed, []
@@ -190,8 +195,10 @@ class Scheduler:
         elif req.status == RequestStatus.WAITING:
             self.waiting.remove(req)
         self.block_manager.free(req)
-        if req.grammar is not None and req.grammar.compiling is not None:
-            req.grammar.compiling.cancel()  # not started yet: it never runs
+        if req.grammar is not None:
+            self.constrained.discard(req.request_id)
+            if req.grammar.compiling is not None:
+                req.grammar.compiling.cancel()  # not started yet: it never runs
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.stop_reason = stop_reason

@@ -12,6 +12,7 @@ from engine.core.engine_core import EngineCore
 from engine.core.outputs import RunnerOutput, SchedulerOutput
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
+from scheduler_mirror import SchedulerMirror
 
 VOCAB = 256
 BLOCK_SIZE = 16
@@ -25,23 +26,11 @@ class FakeRunner:
     def __init__(self, vocab_size: int, block_size: int):
         self.vocab_size, self.block_size = vocab_size, block_size
         self.steps: list[list[tuple[str, int, int]]] = []  # (id, num_computed_before, num_new)
-        self.tokens: dict[str, list[int]] = {}
-        self.blocks: dict[str, list[int]] = {}
-        self.computed: dict[str, int] = {}
+        self.mirror = SchedulerMirror()
+        self.tokens, self.blocks, self.computed = self.mirror.tokens, self.mirror.blocks, self.mirror.computed
 
     def execute(self, so: SchedulerOutput) -> RunnerOutput:
-        for rid in so.finished_request_ids | so.preempted_request_ids:
-            self.blocks.pop(rid, None)
-            if rid in so.finished_request_ids:
-                self.tokens.pop(rid, None)
-        for new in so.new_requests:
-            assert new.request_id not in self.blocks, "a row given twice"
-            self.tokens[new.request_id] = list(new.token_ids)
-            self.blocks[new.request_id] = list(new.block_ids)
-            self.computed[new.request_id] = new.num_computed_tokens
-        for cached in so.cached_requests:
-            self.blocks[cached.request_id] += cached.new_block_ids
-            self.computed[cached.request_id] = cached.num_computed_tokens
+        self.mirror.apply(so)
         self.steps.append([(rid, self.computed[rid], n) for rid, n in so.num_scheduled_tokens.items()])
         done, sampled = [], []
         for rid, n in so.num_scheduled_tokens.items():

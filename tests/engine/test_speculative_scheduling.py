@@ -13,6 +13,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.engine_core import EngineCore
 from engine.core.outputs import RunnerOutput, SchedulerOutput
 from engine.core.scheduler import Scheduler
+from scheduler_mirror import SchedulerMirror
 
 VOCAB = 256
 BLOCK_SIZE = 16
@@ -32,25 +33,14 @@ class VerifyingRunner:
     a drafted request and accepts the draft while it matches, as the real runner does."""
 
     def __init__(self):
-        self.tokens: dict[str, list[int]] = {}
-        self.blocks: dict[str, list[int]] = {}
-        self.computed: dict[str, int] = {}
+        self.mirror = SchedulerMirror()
+        self.tokens, self.blocks, self.computed = self.mirror.tokens, self.mirror.blocks, self.mirror.computed
         self.steps: list[dict[str, int]] = []
         self.longest: dict[str, int] = {}  # the most tokens a request ever had here (kept after it ends)
         self.drafted = self.accepted = 0
 
     def execute(self, so: SchedulerOutput) -> RunnerOutput:
-        for rid in so.finished_request_ids | so.preempted_request_ids:
-            self.blocks.pop(rid, None)
-            if rid in so.finished_request_ids:
-                self.tokens.pop(rid, None)
-        for new in so.new_requests:
-            self.tokens[new.request_id] = list(new.token_ids)
-            self.blocks[new.request_id] = list(new.block_ids)
-            self.computed[new.request_id] = new.num_computed_tokens
-        for cached in so.cached_requests:
-            self.blocks[cached.request_id] += cached.new_block_ids
-            self.computed[cached.request_id] = cached.num_computed_tokens
+        self.mirror.apply(so)
         self.steps.append(dict(so.num_scheduled_tokens))
         done, sampled = [], []
         for rid, n in so.num_scheduled_tokens.items():
