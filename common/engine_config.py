@@ -36,5 +36,9 @@ class EngineConfig:
         10.0, "seconds a structured-outputs grammar (response_format, structured_outputs, tools) may take to "
               "compile; a slower one is refused with a 400")
 
+    batch_invariant: bool = opt(
+        False, "every request's logits independent of the batch it lands in (a request can also ask with "
+               '"batch_invariant": true)')
+
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

@@ -52,6 +52,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     structured_outputs: StructuredOutputs | None = None  # None: unconstrained
+    # Logits bitwise independent of the batch the request lands in (engine/attention/batch_invariant.py)
+    batch_invariant: bool = False
     # Text-level fields, used by the tokenizer worker only.
     stop: list[str] = []
     include_stop_str_in_output: bool = False
@@ -102,6 +104,17 @@ class SpecDecodeStats(msgspec.Struct, array_like=True):
     accepted_per_position: list[int]  # [num_speculative_tokens]: drafts accepted at least this far
 
 
+class RooflineStats(msgspec.Struct, array_like=True):
+    """The engine's steps since the last EngineStats against the machine's roofs (`engine.roofline`)."""
+
+    # Per step: the model's bytes / (wall seconds * bandwidth), and FLOPs / (wall seconds * peak FLOP/s)
+    bandwidth_utilization: list[float]
+    compute_utilization: list[float]
+    # Operator -> its time lower bound, max(FLOPs / peak, bytes / bandwidth), summed over the steps
+    operator_lower_bound_s: dict[str, float]
+    wall_s: float  # the steps' wall time, summed
+
+
 class EngineStats(msgspec.Struct):
     """Scheduler and cache gauges, sent once per step that changed something (inside
     EngineOutputs / TextOutputs, so untagged)."""
@@ -116,6 +129,7 @@ class EngineStats(msgspec.Struct):
     # last EngineStats (observations for a histogram, not a gauge).
     queue_times: list[float] = []
     spec_decode: SpecDecodeStats | None = None
+    roofline: RooflineStats | None = None
 
 
 class EngineOutputs(msgspec.Struct, tag=True):
@@ -239,6 +253,9 @@ class TextDelta(msgspec.Struct, array_like=True):
     logprobs: list[TextLogprob] | None = None
     usage: Usage | None = None  # on the delta that ends the whole request, only
     error: str | None = None  # with finish_reason "error"
+    # On a choice's last delta: its streamed text differed from a full decode of its tokens
+    # (the tokenizer worker's self-check, `tokenizer_worker.stream_check`).
+    detokenize_mismatch: bool = False
 
 
 class TextOutputs(msgspec.Struct, tag=True):

@@ -2,7 +2,8 @@
 
 Between two steps it drains its input queue without blocking (new requests, aborts); it blocks
 on the socket only when it has nothing to run. After each step it sends one EngineOutputs with
-the step's TokenDeltas and, when they changed, the scheduler/cache gauges. A request the engine
+the step's TokenDeltas and, when they changed or there are observations to pass on (queue times,
+the step's roofline), the scheduler/cache gauges. A request the engine
 refuses (ValueError from add_request) gets an error delta; it never stops the loop.
 """
 from __future__ import annotations
@@ -103,9 +104,10 @@ class EngineLoop:
         queue_times = self.engine.scheduler.take_queue_times()
         speculator = self.engine.scheduler.speculator
         spec = None if speculator is None else speculator.take_stats()
+        roofline = self.engine.take_roofline_stats()
         stats = None
-        if gauges != self.last_gauges or queue_times or spec is not None:
-            stats = msgspec.structs.replace(gauges, queue_times=queue_times, spec_decode=spec)
+        if gauges != self.last_gauges or queue_times or spec is not None or roofline is not None:
+            stats = msgspec.structs.replace(gauges, queue_times=queue_times, spec_decode=spec, roofline=roofline)
             self.last_gauges = gauges
         if self.error_deltas:
             deltas, self.error_deltas = self.error_deltas + deltas, []

@@ -2,8 +2,9 @@
 
 Assembly only: the platform decides device, dtype, threads, KV budget, attention backend and
 linear method; the model is loaded with that method; the KV cache is sized and allocated in the
-backend's layout; then the block manager, scheduler and runner are built. The request lifecycle
-(add_request / abort / step) is EngineCore's.
+backend's layout; then the block manager, scheduler and runner are built. The machine's roofs are
+measured once (cached) before the model loads, for the per-step roofline metrics. The request
+lifecycle (add_request / abort / step) is EngineCore's.
 """
 from __future__ import annotations
 
@@ -17,8 +18,13 @@ from engine.core.block_manager import BlockManager
 from engine.core.engine_core import EngineCore
 from engine.core.scheduler import Scheduler
 from engine.models.config import ModelArch, read_hf_config
+from engine.models.batch_invariance import describe_invariance
+from engine.models.linear import probe_batch_invariance
 from engine.models.loader import load_model
 from engine.platform import Platform
+from engine.roofline.cost_model import RooflineModel
+from engine.roofline.measure import measured_limits
+from engine.roofline.step_account import StepRoofline
 from engine.runner.kv_cache import allocate_kv_caches, bytes_per_block
 from engine.runner.model_runner import ModelRunner
 from engine.structured.manager import StructuredOutputManager
@@ -33,6 +39,7 @@ class LLMEngine(EngineCore):
         self.platform = Platform.create(config.device, config.dtype)
         self.platform.configure_host()
         self.device, self.dtype = self.platform.device, self.platform.dtype
+        self.machine_limits = measured_limits(self.device, self.dtype)  # before the model takes the memory
         arch = ModelArch.from_hf_config(read_hf_config(self.model_dir))
         self.eos_token_ids = load_eos_token_ids(self.model_dir)
         self.generation_defaults = load_generation_defaults(self.model_dir)  # for the front end
@@ -42,6 +49,9 @@ class LLMEngine(EngineCore):
         max_model_len = config.max_model_len or arch.max_position_embeddings
         self.model = load_model(self.model_dir, self.dtype, self.device,
                                 self.platform.linear_method(batch_hint=config.max_num_seqs))
+        # how batch-invariant rows go through each linear shape (engine/models/batch_invariance.py)
+        invariance = probe_batch_invariance(self.model, self.dtype, self.device, config.max_num_batched_tokens,
+                                            config.max_num_batched_tokens)
         num_blocks = self._num_kv_blocks(config, arch, max_model_len)
         self.num_kv_tokens = num_blocks * config.block_size
         if self.num_kv_tokens < max_model_len:
@@ -57,10 +67,15 @@ class LLMEngine(EngineCore):
         runner = ModelRunner(self.model, kv_caches, backend, config.block_size, config.max_num_seqs,
                              config.max_num_batched_tokens, max_model_len, self.device, self.eos_token_ids,
                              config.seed)
-        super().__init__(scheduler, runner, arch.vocab_size, max_model_len)
+        super().__init__(scheduler, runner, arch.vocab_size, max_model_len, config.batch_invariant)
+        element_bytes = self.dtype.itemsize  # weights, KV cache and activations are all in the engine's dtype
+        self.step_observer = StepRoofline(RooflineModel(arch, element_bytes, element_bytes, element_bytes),
+                                          self.machine_limits)
         logger.info("model %s on %s", self.model_dir, self.platform.describe(config.max_num_seqs))
+        logger.info("batch-invariant rows: %s", describe_invariance(invariance))
         logger.info("KV cache %d blocks x %d = %d tokens, max_model_len %d", num_blocks, config.block_size,
                     self.num_kv_tokens, max_model_len)
+        logger.info("machine limits (roofline metrics): %s", self.machine_limits.describe())
 
     def _num_kv_blocks(self, config: EngineConfig, arch: ModelArch, max_model_len: int) -> int:
         budget = self.platform.kv_cache_budget(config)

@@ -32,6 +32,9 @@ class ServerConfig:
     tool_call_parser: str = opt(
         "auto", "how tool calls are written and read: hermes (<tool_call> JSON blocks, the one format implemented; "
                 "auto picks it for every chat template)", choices=("auto", "hermes"))
+    detokenize_check: bool = opt(
+        True, "compare each finished choice's streamed text with one full decode of its tokens; a difference "
+              "counts in llm:detokenize_mismatch_total and is logged with both texts")
     log_level: str = opt("info", "debug | info | warning | error")
 
 

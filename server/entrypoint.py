@@ -5,6 +5,7 @@
     llm-serve bench soak [flags]      mixed traffic for hours, resources sampled (= python -m loadtest soak)
     llm-serve bench servers [flags]   our server vs transformers serve (= python -m loadtest.bench_servers)
     llm-serve bench engine [flags]    our engine vs transformers (= python -m engine.bench)
+    llm-serve roofline [MODEL] [flags] a decode step's roofline table (= python -m engine.roofline)
 
 Each subcommand's module is imported only when it runs: the engine benchmark imports torch, which
 the server process must never load (and each spawned child re-runs this command's script). The
@@ -49,6 +50,12 @@ def _bench_engine(argv: list[str], prog: str) -> int | None:
     return main(argv)
 
 
+def _roofline(argv: list[str], prog: str) -> int | None:
+    from engine.roofline.__main__ import main
+
+    return main(argv, prog=prog)
+
+
 # subcommand words -> (what it does, how to run it)
 COMMANDS: dict[tuple[str, ...], tuple[str, Callable[[list[str], str], int | None]]] = {
     ("serve",): ("run the OpenAI-compatible server (python -m server)", _serve),
@@ -58,6 +65,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, Callable[[list[str], str], int | None
     ("bench", "servers"): ("our server vs transformers serve, one interleaved sweep "
                            "(python -m loadtest.bench_servers)", _bench_servers),
     ("bench", "engine"): ("our engine vs transformers on the same model (python -m engine.bench)", _bench_engine),
+    ("roofline",): ("a decode step's FLOPs, bytes and time bound per operator (python -m engine.roofline)",
+                    _roofline),
 }
 
 

@@ -4,6 +4,13 @@ Gauges and the cache/preemption counters come from the engine's EngineStats (cum
 turned into increments here); latencies are measured in this process as clients see them, one
 RequestMetrics per request: TTFT to the first text, ITL between text deltas of a choice, E2E to
 the end of the request. Counters get prometheus_client's `_total` suffix, as vLLM's do.
+
+The roofline metrics (`llm:` prefix, ours) come from the engine, one observation per step: the
+share of the machine's memory bandwidth and of its peak FLOP/s that the step's model bytes and
+FLOPs used over its wall time, and per operator the step's time lower bound, summed. In Grafana,
+`rate(llm:step_operator_lower_bound_seconds_total[1m]) / ignoring(operator) group_left
+rate(llm:step_seconds_total[1m])` is the fraction of engine step time each operator needs at
+the roofline; what the operators leave of 1 is time above it (host work, kernels off their roof).
 """
 from __future__ import annotations
 
@@ -11,7 +18,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
-from common.messages import EngineStats, FinishReason, TextDelta
+from common.messages import EngineStats, FinishReason, RooflineStats, TextDelta
 
 # vLLM's buckets.
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -21,6 +28,9 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 FINISHED_REASONS = ("stop", "length", "abort", "error")
+# 0.05 .. 1.0 in steps of 0.05, then a little room above 1 (a roof underestimated, or CUDA steps
+# whose kernels finished in the next step's time)
+UTILIZATION_BUCKETS = [round(0.05 * i, 2) for i in range(1, 21)] + [1.25, 1.5, 2.0]
 
 disable_created_metrics()  # no `_created` series, as in vLLM (process-wide; this is the server process)
 
@@ -57,6 +67,9 @@ class ServerMetrics:
                           ["model_name", "finished_reason"], registry=r)
         self.request_success = {reason: success.labels(model_name=model_name, finished_reason=reason)
                                 for reason in FINISHED_REASONS}
+        self.detokenize_mismatch = counter(
+            "llm:detokenize_mismatch", "Finished choices whose streamed text differed from a full decode of their "
+                                       "tokens (the tokenizer worker's self-check; --no-detokenize-check: off).")
         self._last_engine_counts = (0, 0, 0)
         # Speculative decoding (vLLM's spec_decode counters); per position: drafts accepted at least
         # that far, position 0 = the first draft token.
@@ -67,6 +80,17 @@ class ServerMetrics:
                                           "Draft tokens accepted, by position in the draft.",
                                           ["model_name", "position"], registry=r)
         self._model_name = model_name
+        self.step_bandwidth_utilization = histogram(
+            "llm:step_bandwidth_utilization", "Per engine step: model bytes / (wall time x machine bandwidth).",
+            UTILIZATION_BUCKETS)
+        self.step_compute_utilization = histogram(
+            "llm:step_compute_utilization", "Per engine step: model FLOPs / (wall time x machine peak FLOP/s).",
+            UTILIZATION_BUCKETS)
+        self.step_seconds = counter("llm:step_seconds", "Wall time of the engine's steps.")
+        self._operator_lower_bound = Counter(
+            "llm:step_operator_lower_bound_seconds",
+            "Per operator, its time lower bound max(FLOPs / peak, bytes / bandwidth), summed over the steps.",
+            ["model_name", "operator"], registry=r)
 
     def on_engine_stats(self, s: EngineStats) -> None:
         self.num_requests_running.set(s.num_running)
@@ -87,6 +111,17 @@ class ServerMetrics:
             self.spec_num_accepted_tokens.inc(spec.num_accepted_tokens)
             for position, count in enumerate(spec.accepted_per_position):
                 self._spec_per_position.labels(model_name=self._model_name, position=str(position)).inc(count)
+        if s.roofline is not None:
+            self._on_roofline(s.roofline)
+
+    def _on_roofline(self, roofline: RooflineStats) -> None:
+        for value in roofline.bandwidth_utilization:
+            self.step_bandwidth_utilization.observe(value)
+        for value in roofline.compute_utilization:
+            self.step_compute_utilization.observe(value)
+        self.step_seconds.inc(roofline.wall_s)
+        for operator, seconds in roofline.operator_lower_bound_s.items():
+            self._operator_lower_bound.labels(model_name=self._model_name, operator=operator).inc(seconds)
 
     def on_finished_choice(self, reason: FinishReason) -> None:
         self.request_success[reason].inc()

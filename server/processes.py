@@ -24,8 +24,10 @@ JOIN_TIMEOUT_S = 5.0
 
 
 class ChildProcesses:
-    def __init__(self, engine_config: EngineConfig, model_dir: str, paths: IpcPaths, log_level: str):
+    def __init__(self, engine_config: EngineConfig, model_dir: str, paths: IpcPaths, log_level: str,
+                 detokenize_check: bool = True):
         self.engine_config = engine_config
+        self.detokenize_check = detokenize_check
         self.model_dir = model_dir
         self.paths = paths
         self.log_level = log_level
@@ -41,7 +43,7 @@ class ChildProcesses:
                         args=(self.engine_config, self.paths, self.log_level)),
             ctx.Process(target=run_tokenizer_worker, name="tokenizer_worker",
                         args=(self.model_dir, self.paths, self.log_level,
-                              self.engine_config.grammar_compile_timeout)),
+                              self.engine_config.grammar_compile_timeout, self.detokenize_check)),
         ]
         for proc in self.procs:
             proc.start()

@@ -230,6 +230,9 @@ class SamplingFields(UnsupportedFieldsCheck):
     include_stop_str_in_output: bool = False
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # An extension: logits (so greedy and seeded outputs) that do not depend on the other requests
+    # in the engine's batch (the server's --batch-invariant gives it to every request)
+    batch_invariant: bool = False
 
 
 class ChatCompletionRequest(SamplingFields):

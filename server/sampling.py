@@ -80,7 +80,8 @@ def _sampling_params(body: SamplingFields, defaults: dict, vocab_size: int, max_
         frequency_penalty=pick("frequency_penalty", 0.0), logit_bias=logit_bias, seed=body.seed,
         logprobs=logprobs, stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
         stop=stop, include_stop_str_in_output=body.include_stop_str_in_output,
-        skip_special_tokens=body.skip_special_tokens, structured_outputs=structured)
+        skip_special_tokens=body.skip_special_tokens, structured_outputs=structured,
+        batch_invariant=body.batch_invariant)
     try:
         validate_sampling_params(params, vocab_size)
     except InvalidRequest as exc:

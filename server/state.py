@@ -51,7 +51,8 @@ class ServingState:
         self.client.on_ready = self._on_ready
         self.client.on_failure = self._on_failure
         self.client.start()
-        self.processes = ChildProcesses(self.engine_config, self.model_dir, self.paths, self.config.log_level)
+        self.processes = ChildProcesses(self.engine_config, self.model_dir, self.paths, self.config.log_level,
+                                        detokenize_check=self.config.detokenize_check)
         self.processes.start(on_exit=self._on_child_exit)
         logger.info("loading %s ...", self.model_dir)
 

@@ -203,6 +203,8 @@ class WorkerClient:
                 logger.error("%s", reason)
 
     def _on_delta(self, delta: TextDelta, now: float) -> None:
+        if delta.detokenize_mismatch:  # counted even when the client has left
+            self.metrics.detokenize_mismatch.inc()
         stream = self.streams.get(delta.request_id)
         if stream is None:
             return  # the client left; the abort is on its way

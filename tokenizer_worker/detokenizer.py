@@ -70,6 +70,8 @@ class IncrementalDetokenizer:
             for token_id, added in self._backend.get_added_tokens_decoder().items()
             if added.special and skip_special_tokens
         )
+        self._stop = tuple(stop)
+        self._include_stop_str_in_output = include_stop_str_in_output
         self._stop_checker = StopChecker(stop, include_stop_str_in_output)
         self._finished = False
 
@@ -79,6 +81,8 @@ class IncrementalDetokenizer:
             # The prompt ends inside a character: output bytes that continue it would merge
             # with the prompt's. Start without context, so the output decodes as on its own.
             context, context_text = [], ""
+        self._context_ids = tuple(context)  # for `decode_at_once`; the window list below changes
+        self._context_text = context_text
         self._window_ids: list[int] = context
         self._read_offset = len(context)  # window_ids[:read_offset] is already emitted text
         self._read_text = context_text  # decode(window_ids[:read_offset])
@@ -111,6 +115,14 @@ class IncrementalDetokenizer:
         if len(self._window_ids) > self._read_offset:
             tail = self._decode(self._window_ids)[len(self._read_text) :]
         return self._stop_checker.add(tail) + self._stop_checker.flush()
+
+    def decode_at_once(self, token_ids: Sequence[int]) -> str:
+        """What `add_tokens` and `flush` should stream in all for these output ids: one decode
+        of them all after the same prompt context, cut by a fresh StopChecker that sees the whole
+        text as one piece. The reference of `tokenizer_worker.stream_check`."""
+        text = self._backend.decode([*self._context_ids, *token_ids], skip_special_tokens=self._skip_special_tokens)
+        stop_checker = StopChecker(self._stop, self._include_stop_str_in_output)
+        return stop_checker.add(text[len(self._context_text) :]) + stop_checker.flush()
 
     def _read_new_text(self) -> str:
         """Emit what the unread ids add to the text, or "" while that is not final yet."""

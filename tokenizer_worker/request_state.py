@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from common.messages import SamplingParams, TextDelta, TokenDelta, Usage
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
+from tokenizer_worker.stream_check import StreamCheck
 from tokenizer_worker.token_text import TokenText
 
 
@@ -21,6 +22,7 @@ class Choice:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0  # the engine sends it on the first delta only
     finished: bool = False
+    stream_check: StreamCheck | None = None  # None: the self-check is off
 
 
 @dataclass
@@ -60,6 +62,8 @@ class WorkerRequest:
                 finish, stop_reason = "stop", choice.detokenizer.stop_hit
             else:
                 finish, stop_reason = d.finish_reason, d.stop_reason
+        if choice.stream_check is not None:
+            choice.stream_check.record(text_ids, text)
         logprobs = token_text.logprobs(d.logprobs) if d.logprobs else None
         if finish is None and not text and not logprobs:
             return DeltaResult(None, False)
@@ -67,6 +71,9 @@ class WorkerRequest:
                           logprobs, error=d.error)
         if finish is not None:
             choice.finished = True
+            if choice.stream_check is not None:
+                delta.detokenize_mismatch = not choice.stream_check.matches(self.request_id, choice.index)
+                choice.stream_check = None  # its ids and text are not needed any more
             self.num_unfinished -= 1
             if self.num_unfinished == 0:
                 delta.usage = self.usage()

@@ -27,6 +27,7 @@ from tokenizer_worker.detokenizer import IncrementalDetokenizer
 from tokenizer_worker.grammar_check import DEFAULT_COMPILE_TIMEOUT_S, CompilersBusy, GrammarChecker
 from tokenizer_worker.prompts import PromptTokenizer
 from tokenizer_worker.request_state import Choice, WorkerRequest
+from tokenizer_worker.stream_check import StreamCheck
 from tokenizer_worker.token_text import TokenText
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,8 @@ COMPILE_POLL_MS = 5  # how often the loop looks at grammar compiles in flight
 
 
 def run_tokenizer_worker(model_dir: str, paths: IpcPaths, log_level: str = "info",
-                         grammar_compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S) -> None:
+                         grammar_compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S,
+                         detokenize_check: bool = True) -> None:
     """Entry function of the tokenizer worker process (multiprocessing spawn target)."""
 
     def body(ctx: zmq.Context, to_server: Channel) -> None:
@@ -44,14 +46,14 @@ def run_tokenizer_worker(model_dir: str, paths: IpcPaths, log_level: str = "info
         from_engine = open_socket(ctx, zmq.PULL, paths.from_engine, bind=True)
         to_engine = Channel(open_socket(ctx, zmq.PUSH, paths.to_engine, bind=False))
         TokenizerWorker(PromptTokenizer(model_dir), to_server, to_engine,
-                        grammar_compile_timeout).run(from_server, from_engine)
+                        grammar_compile_timeout, detokenize_check).run(from_server, from_engine)
 
     run_child(PROCESS_NAME, log_level, paths.to_server, body)
 
 
 class TokenizerWorker:
     def __init__(self, prompts: PromptTokenizer, to_server: Channel, to_engine: Channel,
-                 grammar_compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S):
+                 grammar_compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S, detokenize_check: bool = True):
         self.prompts = prompts
         self.token_text = TokenText(prompts.tokenizer)
         self.to_server = to_server
@@ -60,6 +62,7 @@ class TokenizerWorker:
         self.requests: dict[str, WorkerRequest] = {}
         self.children: dict[str, tuple[WorkerRequest, Choice]] = {}  # by engine request id
         self.grammars = GrammarChecker(prompts.tokenizer, grammar_compile_timeout)
+        self.detokenize_check = detokenize_check  # compare each finished choice with a full decode
 
     def run(self, from_server: zmq.Socket, from_engine: zmq.Socket) -> None:
         server_decoder = msgspec.msgpack.Decoder(ToTokenizerWorker)
@@ -125,7 +128,8 @@ class TokenizerWorker:
                 detokenizer = IncrementalDetokenizer(
                     self.prompts.tokenizer, ids, skip_special_tokens=skip_special,
                     stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
-                req.add_choice(Choice(index, p, child_id, detokenizer))
+                check = StreamCheck(detokenizer) if self.detokenize_check else None
+                req.add_choice(Choice(index, p, child_id, detokenizer, stream_check=check))
                 engine_requests.append(EngineRequest(child_id, ids, child_params))
 
         def dispatch() -> None:

@@ -8,7 +8,8 @@ native CPU kernel or a CUDA kernel plugs in without touching the models or the r
 
 A backend may want the scheduled requests in a particular order (the torch backend batches the
 one-token queries together): it says so in `order_requests`, and the runner lays the flat batch
-out in that order.
+out in that order. Requests that ask for batch invariance always come last, so their rows are one
+tail of the batch (the linear layers rely on it too, see `engine/models/batch_invariance.py`).
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ class StepInputs:
     # [num_reqs, max_blocks_this_step] int32, device: each request's block ids; entries past its
     # own blocks are stale but valid block ids, to be masked by seq_lens
     block_table: torch.Tensor
+    # [num_reqs] bool: the requests whose outputs must not depend on the batch (all at the end);
+    # None when no request in the step asks
+    batch_invariant_np: np.ndarray | None = None
 
     @property
     def query_lens_np(self) -> np.ndarray:
@@ -50,8 +54,9 @@ class AttentionBackend(Protocol):
         """Shape of one layer's K (and of its V) cache tensor."""
         ...
 
-    def order_requests(self, query_lens: np.ndarray) -> np.ndarray | None:
-        """A permutation of the scheduled requests for this step, or None to keep their order."""
+    def order_requests(self, query_lens: np.ndarray, batch_invariant: np.ndarray | None) -> np.ndarray | None:
+        """A permutation of the scheduled requests for this step, or None to keep their order;
+        the batch-invariant ones (`batch_invariant`: [num_reqs] bool, or None for none) last."""
         ...
 
     def build_metadata(self, inputs: StepInputs) -> Any:

@@ -10,6 +10,8 @@ length mask; this backend asks the runner to put them first in the batch. Longer
 attended one sequence at a time (a step holds few, bounded by the token budget) with SDPA: plain
 causal attention when the chunk is the whole sequence, a prepared mask when it follows cached
 tokens. GQA is handled by grouping query heads per KV head, never by copying K/V per query head.
+Requests that ask for batch invariance come last and are attended row by row in fixed key splits
+(`batch_invariant.py`).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.base import StepInputs
+from engine.attention.batch_invariant import InvariantRows, batch_invariant_attention, build_invariant_rows
 from engine.utils import cdiv
 
 
@@ -44,6 +47,7 @@ class TorchPagedMetadata:
     # [kv_heads * num_single_queries, 1, max_blocks * block_size] bool, True past a sequence's end
     single_mask: torch.Tensor | None
     chunks: list[PrefillChunk]
+    invariant: InvariantRows | None = None  # the batch-invariant tail of the batch
 
 
 class TorchPagedBackend:
@@ -56,19 +60,31 @@ class TorchPagedBackend:
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         return (self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
 
-    def order_requests(self, query_lens: np.ndarray) -> np.ndarray | None:
-        """One-query requests first (stable), so they form one contiguous batch of rows."""
-        single = query_lens == 1
-        if single.all() or not single.any() or single[: int(single.sum())].all():
+    def order_requests(self, query_lens: np.ndarray, batch_invariant: np.ndarray | None) -> np.ndarray | None:
+        """One-query requests first (stable), so they form one contiguous batch of rows; then the
+        longer ones; the batch-invariant ones last, in any order."""
+        # sort key: 0 one-query, 1 longer, 2 batch-invariant
+        kind = (query_lens != 1).astype(np.int8)
+        if batch_invariant is not None:
+            kind[batch_invariant] = 2
+        if (np.diff(kind) >= 0).all():
             return None  # already in that order
-        return np.argsort(~single, kind="stable")
+        return np.argsort(kind, kind="stable")
 
     def build_metadata(self, inputs: StepInputs) -> TorchPagedMetadata:
         query_lens = inputs.query_lens_np
-        num_single = int(np.argmin(query_lens == 1)) if (query_lens != 1).any() else inputs.num_reqs
-        assert (query_lens[num_single:] > 1).all(), "one-query requests must come first (order_requests)"
+        invariant = inputs.batch_invariant_np
+        num_normal = inputs.num_reqs  # the requests before the batch-invariant ones
+        if invariant is not None and invariant.any():
+            num_normal = int(np.argmax(invariant))
+        normal_lens = query_lens[:num_normal]
+        num_single = int(np.argmin(normal_lens == 1)) if (normal_lens != 1).any() else num_normal
+        assert (normal_lens[num_single:] > 1).all(), "one-query requests must come first (order_requests)"
         bs, device = self.block_size, inputs.positions.device
         meta = TorchPagedMetadata(inputs.slot_mapping, num_single, None, None, [])
+        if num_normal < inputs.num_reqs:
+            assert invariant is not None and invariant[num_normal:].all(), "batch-invariant requests come last"
+            meta.invariant = self._invariant_rows(inputs, num_normal)
         if num_single:
             lens = inputs.seq_lens[:num_single]
             width = cdiv(int(inputs.seq_lens_np[:num_single].max()), bs)
@@ -76,7 +92,7 @@ class TorchPagedBackend:
             past_end = torch.arange(width * bs, device=device).unsqueeze(0) >= lens.unsqueeze(1)  # [seqs, keys]
             meta.single_mask = past_end.repeat(self.num_kv_heads, 1).unsqueeze(1)
         qsl = inputs.query_start_loc_np
-        for i in range(num_single, inputs.num_reqs):
+        for i in range(num_single, num_normal):
             start, end = int(inputs.num_computed_tokens_np[i]), int(inputs.seq_lens_np[i])
             mask = None
             if start > 0:  # queries at positions start..end-1 see keys 0..their own position
@@ -86,14 +102,26 @@ class TorchPagedBackend:
                                             mask))
         return meta
 
+    def _invariant_rows(self, inputs: StepInputs, first: int) -> InvariantRows:
+        """Every row of requests first..num_reqs-1: its position and its request's blocks."""
+        qsl, query_lens = inputs.query_start_loc_np, inputs.query_lens_np[first:]
+        request_of_row = np.repeat(np.arange(first, inputs.num_reqs), query_lens)
+        row_start = int(qsl[first])
+        positions = (inputs.num_computed_tokens_np[request_of_row] + np.arange(row_start, inputs.num_tokens)
+                     - qsl[request_of_row])
+        return build_invariant_rows(row_start, positions, request_of_row, inputs.block_table, self.block_size,
+                                    inputs.positions.device)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: TorchPagedMetadata,
                 scale: float) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, metadata.slot_mapping)
-        num_single = metadata.num_single_queries
+        num_single, invariant = metadata.num_single_queries, metadata.invariant
         if num_single == q.shape[0]:
             return self._single_query_attention(q, k_cache, v_cache, metadata, scale)
+        if invariant is not None and invariant.row_start == 0:
+            return batch_invariant_attention(q, k_cache, v_cache, invariant, scale)
         out = torch.empty_like(q)
         if num_single:
             out[:num_single] = self._single_query_attention(q[:num_single], k_cache, v_cache, metadata, scale)
@@ -105,6 +133,9 @@ class TorchPagedBackend:
                 kc = gather_blocks(k_cache, chunk.block_ids)[:, : chunk.context_len]
                 vc = gather_blocks(v_cache, chunk.block_ids)[:, : chunk.context_len]
             out[rows] = _chunk_attention(q[rows], kc, vc, chunk.mask, scale)
+        if invariant is not None:
+            out[invariant.row_start:] = batch_invariant_attention(q[invariant.row_start:], k_cache, v_cache,
+                                                                  invariant, scale)
         return out
 
     def _single_query_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -116,7 +116,9 @@ class BlockManager:
         tokens, bs = req.token_ids, self.block_size
         while len(hashes) < num_full_blocks:
             i = len(hashes)
-            parent = hashes[-1] if hashes else None
+            # A batch-invariant request's K/V differ in their low bits from the fast paths' ones,
+            # so the two kinds never share cached blocks.
+            parent = hashes[-1] if hashes else ("batch-invariant" if req.params.batch_invariant else None)
             hashes.append(hash((parent, tuple(tokens[i * bs:(i + 1) * bs]))))
         return hashes
 

@@ -4,13 +4,17 @@ One step is `schedule()` -> `runner.execute()` -> `update()`; it returns one Tok
 request that produced tokens or finished. Bad parameters raise InvalidRequest (a ValueError
 naming the field) in add_request, before anything reaches the scheduler. The runner is anything
 with `execute(SchedulerOutput) -> RunnerOutput`, so the scheduler is testable without a model.
+A `step_observer`, when set, sees every step that ran with its wall time (the roofline metrics).
 """
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
+import msgspec
+
 from common.errors import InvalidRequest
-from common.messages import EngineStats, SamplingParams, TokenDelta
+from common.messages import EngineStats, RooflineStats, SamplingParams, TokenDelta
 from common.validation import resolve_max_tokens, validate_sampling_params
 from engine.core.outputs import RunnerOutput, SchedulerOutput
 from engine.core.request import Request
@@ -21,12 +25,21 @@ class Runner(Protocol):
     def execute(self, so: SchedulerOutput) -> RunnerOutput: ...
 
 
+class StepObserver(Protocol):
+    def observe(self, so: SchedulerOutput, ro: RunnerOutput, seconds: float) -> None: ...
+
+    def take_stats(self) -> RooflineStats | None: ...
+
+
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner: Runner, vocab_size: int, max_model_len: int):
+    def __init__(self, scheduler: Scheduler, runner: Runner, vocab_size: int, max_model_len: int,
+                 batch_invariant: bool = False):
         self.scheduler = scheduler
         self.runner = runner
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self.batch_invariant = batch_invariant  # every request, whatever it asked
+        self.step_observer: StepObserver | None = None
 
     @property
     def requests(self) -> dict[str, Request]:
@@ -44,6 +57,8 @@ class EngineCore:
             raise ValueError("n: the engine runs one sequence per request; fan out with common.parallel_sampling")
         if sampling_params.structured_outputs is not None and self.scheduler.structured is None:
             raise InvalidRequest("structured_outputs", "this engine runs without structured outputs")
+        if self.batch_invariant and not sampling_params.batch_invariant:
+            sampling_params = msgspec.structs.replace(sampling_params, batch_invariant=True)
         max_tokens = resolve_max_tokens(prompt_token_ids, self.vocab_size, sampling_params.max_tokens,
                                         self.max_model_len)
         self.scheduler.add_request(Request(request_id, prompt_token_ids, sampling_params, max_tokens))
@@ -56,12 +71,19 @@ class EngineCore:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[TokenDelta]:
+        start = time.perf_counter()
         so = self.scheduler.schedule()
         failed = self.scheduler.take_failed()
         if not so.has_work_for_runner:
             return failed
-        deltas = self.scheduler.update(so, self.runner.execute(so))
+        ro = self.runner.execute(so)
+        deltas = self.scheduler.update(so, ro)
+        if self.step_observer is not None:
+            self.step_observer.observe(so, ro, time.perf_counter() - start)
         return failed + deltas + self.scheduler.take_failed()
+
+    def take_roofline_stats(self) -> RooflineStats | None:
+        return None if self.step_observer is None else self.step_observer.take_stats()
 
     def stats(self) -> EngineStats:
         s, bm = self.scheduler, self.scheduler.block_manager

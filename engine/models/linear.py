@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.batch_invariance import apply_in_tiles, invariant_rows_start, probe_min_rows
+
 
 class LinearMethod:
     """How a linear layer stores and applies its weight. This base is the dense method: weights
@@ -78,9 +80,22 @@ class Linear(nn.Module):
         self.packed_args: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by a packing method
         self.weight: torch.Tensor  # a Parameter; tied layers share another module's
         self.bias: torch.Tensor | None
+        # From how many rows the method's matmul gives a row the same bits in any batch (1 or 2),
+        # as probed by `probe_batch_invariance`; None (not known): batch-invariant rows go in tiles.
+        self.invariant_min_rows: int | None = None
         method.create_weights(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.invariant_min_rows != 1:
+            start = invariant_rows_start()
+            if start is not None and start < x.shape[0]:
+                if self.invariant_min_rows is None:
+                    return apply_in_tiles(self.apply_method, x, start)
+                if x.shape[0] == 1:  # a lone row: with a zero row, so not through the GEMV kernel
+                    return self.method.apply(self, torch.cat((x, torch.zeros_like(x))))[:1]
+        return self.method.apply(self, x)
+
+    def apply_method(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
@@ -115,3 +130,23 @@ class MergedLinear(Linear):
         start, size = self.shard_offsets[shard_id]
         assert loaded.shape[0] == size, f"shard {shard_id!r}: {loaded.shape[0]} rows, expected {size}"
         param.data[start:start + size].copy_(loaded)
+
+
+def probe_batch_invariance(model: nn.Module, dtype: torch.dtype, device: torch.device, max_rows: int,
+                           max_head_rows: int) -> dict[str, int | None]:
+    """Probe each distinct linear shape of `model` once (`engine.models.batch_invariance`) and set
+    its layers' `invariant_min_rows`; return it for the layers where it is not 1. The LM head sees
+    at most `max_head_rows` rows a step, every other layer `max_rows`."""
+    verdicts: dict[tuple[int, int, str, int], int | None] = {}
+    special = {}
+    for name, layer in model.named_modules():
+        if not isinstance(layer, Linear):
+            continue
+        rows = max_head_rows if name.endswith("lm_head") else max_rows
+        key = (layer.input_size, layer.output_size, layer.method.name, rows)
+        if key not in verdicts:
+            verdicts[key] = probe_min_rows(layer.apply_method, layer.input_size, dtype, device, rows)
+        layer.invariant_min_rows = verdicts[key]
+        if layer.invariant_min_rows != 1:
+            special[name] = layer.invariant_min_rows
+    return special

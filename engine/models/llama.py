@@ -133,13 +133,19 @@ def _refine_top_logits(logits: torch.Tensor, hidden: torch.Tensor, weight: torch
     maximum. logits: [num_seqs, vocab] float32 (rounded); hidden: [num_seqs, hidden]; weight:
     [vocab, hidden] in the model's dtype."""
     num_seqs, vocab = logits.shape
-    flat = None
+    per_row = min(REFINED_PER_ROW, vocab)
     if logits.is_cpu:  # the tokens near the maximum (numpy's compare and nonzero are twice as fast here)
         top = logits.amax(dim=-1, keepdim=True)
         threshold = (top - top.abs() * BF16_TIE_MARGIN).numpy()
-        flat = torch.from_numpy(np.flatnonzero(logits.numpy() >= threshold))  # [num_seqs, vocab] mask
-    if flat is None or len(flat) > REFINED_PER_ROW * num_seqs:
-        ids = logits.topk(min(REFINED_PER_ROW, vocab), dim=-1).indices
+        near = logits.numpy() >= threshold  # [num_seqs, vocab]
+        # Each row's choice depends on that row alone, so a row's logits do not depend on the batch.
+        crowded = np.flatnonzero(near.sum(axis=1) > per_row)
+        if len(crowded):
+            near[crowded] = False
+            near[crowded[:, None], logits[crowded].topk(per_row, dim=-1).indices.numpy()] = True
+        flat = torch.from_numpy(np.flatnonzero(near))
+    else:
+        ids = logits.topk(per_row, dim=-1).indices
         flat = (ids + torch.arange(num_seqs, device=ids.device).unsqueeze(1) * vocab).flatten()
     rows, cols = flat // vocab, flat % vocab
     exact = (weight.index_select(0, cols).float() * hidden.index_select(0, rows).float()).sum(dim=-1)

@@ -33,6 +33,7 @@ class InputBatch:
         # valid block ids, and attention masks them by sequence length
         self.block_table = CpuGpuBuffer((max_num_seqs, cdiv(max_model_len, block_size)), torch.int32, device)
         self.num_blocks = np.zeros(max_num_seqs, np.int64)
+        self.batch_invariant = np.zeros(max_num_seqs, bool)  # rows whose outputs must not depend on the batch
         self.sampling = SamplingState(max_num_seqs, vocab_size, device, eos_token_ids)
 
     def add(self, request_id: str, token_ids: list[int], num_prompt_tokens: int, block_ids: list[int],
@@ -46,6 +47,7 @@ class InputBatch:
         self.num_tokens[row] = n
         self.num_computed_tokens[row] = num_computed_tokens
         self.num_blocks[row] = 0
+        self.batch_invariant[row] = params.batch_invariant
         self.append_blocks(row, block_ids)
         self.sampling.add_row(row, params, token_ids[:num_prompt_tokens], token_ids[num_prompt_tokens:], generator)
         return row

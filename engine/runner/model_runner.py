@@ -17,6 +17,7 @@ import torch
 from engine.attention.base import AttentionBackend, StepInputs
 from engine.attention.forward_context import ForwardContext, forward_context
 from engine.core.outputs import RunnerOutput, SchedulerOutput
+from engine.models.batch_invariance import invariant_rows_from
 from engine.models.llama import CausalLM
 from engine.runner.buffers import CpuGpuBuffer
 from engine.runner.input_batch import InputBatch
@@ -39,6 +40,10 @@ class ModelInputs:
     # With drafts in the step: per sampled request its draft, and 1 + len(draft) logits rows
     drafts: list[list[int]] | None = None
     num_logits: np.ndarray | None = None
+    # Where the batch-invariant requests' rows start (they come last): in the flat batch and
+    # among the logits rows; None when no request in the step asks
+    invariant_token_start: int | None = None
+    invariant_logits_start: int | None = None
 
 
 class ModelRunner:
@@ -82,7 +87,8 @@ class ModelRunner:
         hidden = self.forward(inputs)
         if not inputs.sampled_request_ids:
             return RunnerOutput.empty()
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [num_sampled, vocab]
+        with invariant_rows_from(inputs.invariant_logits_start):
+            logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [num_sampled, vocab]
         if so.grammar is not None:
             apply_grammar_bitmask(logits, so.grammar, self._logits_row_of(inputs))
         md = self.batch.sampling.metadata(inputs.sampled_rows)
@@ -164,10 +170,13 @@ class ModelRunner:
         num_reqs = len(request_ids)
         rows = np.fromiter((b.row_of[r] for r in request_ids), np.int64, num_reqs)
         query_lens = np.fromiter(so.num_scheduled_tokens.values(), np.int64, num_reqs)
-        order = self.backend.order_requests(query_lens)
+        invariant: np.ndarray | None = b.batch_invariant[rows] if b.batch_invariant[rows].any() else None
+        order = self.backend.order_requests(query_lens, invariant)
         if order is not None:
             rows, query_lens = rows[order], query_lens[order]
             request_ids = [request_ids[i] for i in order]
+            invariant = None if invariant is None else invariant[order]
+        assert invariant is None or (np.diff(invariant.view(np.int8)) >= 0).all(), "batch-invariant requests last"
         num_computed = b.num_computed_tokens[rows]
         seq_lens = num_computed + query_lens
         known = b.num_tokens[rows]
@@ -191,7 +200,7 @@ class ModelRunner:
             query_start_loc=self._query_start_loc.stage(qsl), query_start_loc_np=qsl,
             seq_lens=self._seq_lens.stage(seq_lens), seq_lens_np=seq_lens, num_computed_tokens_np=num_computed,
             positions=self._positions.stage(positions), slot_mapping=self._slots.stage(slots),
-            block_table=block_table)
+            block_table=block_table, batch_invariant_np=invariant)
         token_index = self._token_index.stage(token_rows * self.max_model_len + positions)
         input_ids = b.token_ids.view(-1).index_select(0, token_index)
         samples = np.flatnonzero(seq_lens == known)  # requests whose scheduled tokens reach the end
@@ -211,11 +220,19 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._staged = torch.cuda.Event()
             self._staged.record()
-        return ModelInputs(request_ids, input_ids, step.positions, step, logits_indices, sampled_ids, sampled_rows,
-                           sampled_rows_dev, drafts, num_logits)
+        inputs = ModelInputs(request_ids, input_ids, step.positions, step, logits_indices, sampled_ids, sampled_rows,
+                             sampled_rows_dev, drafts, num_logits)
+        if invariant is not None:
+            first = int(np.argmax(invariant))
+            inputs.invariant_token_start = int(qsl[first])
+            normal_samples = samples[samples < first]
+            inputs.invariant_logits_start = len(normal_samples) if num_logits is None \
+                else int(num_logits[: len(normal_samples)].sum())
+        return inputs
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of the flat batch."""
         metadata = self.backend.build_metadata(inputs.attention)
-        with forward_context(ForwardContext(self.backend, metadata, self.kv_caches)):
+        with forward_context(ForwardContext(self.backend, metadata, self.kv_caches)), \
+                invariant_rows_from(inputs.invariant_token_start):
             return self.model(inputs.input_ids, inputs.positions)

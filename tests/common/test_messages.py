@@ -6,16 +6,17 @@ import pytest
 
 from common.messages import (AbortRequest, ChatMessage, DetokenizeRequest, DetokenizeResponse, EngineOutputs,
                              EngineReady, EngineRequest, EngineStats, FromEngine, GenerateRequest, ProcessError,
-                             PromptAccepted, RequestRejected, SamplingParams, TextDelta, TextLogprob, TextOutputs,
-                             TokenDelta, TokenizeRequest, TokenizeResponse, TokenLogprob, ToEngine, ToServer,
-                             ToTokenizerWorker, Usage)
+                             PromptAccepted, RequestRejected, RooflineStats, SamplingParams, TextDelta, TextLogprob,
+                             TextOutputs, TokenDelta, TokenizeRequest, TokenizeResponse, TokenLogprob, ToEngine,
+                             ToServer, ToTokenizerWorker, Usage)
 
 PARAMS = SamplingParams(n=2, max_tokens=7, min_tokens=1, temperature=0.5, top_k=5, top_p=0.9, min_p=0.1,
                         repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=-0.3,
                         logit_bias={5: -1.5}, seed=2**63, logprobs=3, stop_token_ids=[2], ignore_eos=True,
                         stop=["\n\n", "END"], include_stop_str_in_output=True, skip_special_tokens=False)
 STATS = EngineStats(num_running=3, num_waiting=1, kv_cache_usage=0.25, prefix_cache_queries=100,
-                    prefix_cache_hits=32, num_preemptions=1, queue_times=[0.01, 0.5])
+                    prefix_cache_hits=32, num_preemptions=1, queue_times=[0.01, 0.5],
+                    roofline=RooflineStats([0.5, 0.25], [0.01, 0.02], {"attention": 0.001, "lm_head": 0.002}, 0.1))
 LOGPROB = TextLogprob("é", [0xC3, 0xA9], -0.5, [TextLogprob("e", [0x65], -1.0)])
 
 # (message, the union of the socket it travels on)

@@ -142,3 +142,25 @@ def test_cached_tokens_come_with_the_first_delta_only(worker, prompts):
     deltas = [d for m in q.read(q.server_in, ToServer) if isinstance(m, TextOutputs) for d in m.deltas]
     assert deltas[-1].usage.cached_tokens == 16 and deltas[-1].usage.completion_tokens == 3
     assert deltas[-1].usage.prompt_tokens == len(sent.prompt_token_ids)
+
+
+@pytest.mark.parametrize("detokenize_check", [True, False])
+def test_the_stream_self_check_reaches_the_wire_and_can_be_off(prompts, detokenize_check):
+    q = Queues()
+    try:
+        w = TokenizerWorker(prompts, q.to_server, q.to_engine, detokenize_check=detokenize_check)
+        w.on_engine_message(EngineReady(num_kv_tokens=4096, max_model_len=64, device="cpu", dtype="float32",
+                                        vocab_size=49152, model_dir="unused", eos_token_ids=[2],
+                                        generation_defaults={}))
+        w.on_server_message(GenerateRequest(request_id="s", sampling_params=SamplingParams(max_tokens=9),
+                                            prompts=["Say"]))
+        ids = prompts.tokenizer.encode(" 你好 🙂 done", add_special_tokens=False)
+        assert [c.stream_check is not None for c in w.requests["s"].choices.values()] == [detokenize_check]
+        for i, token in enumerate(ids):
+            w.on_engine_message(EngineOutputs([TokenDelta("0:s", [token], finish_reason=(
+                "length" if i == len(ids) - 1 else None))]))
+        deltas = [d for m in q.read(q.server_in, ToServer) if isinstance(m, TextOutputs) for d in m.deltas]
+        assert "".join(d.text for d in deltas) == " 你好 🙂 done"
+        assert not any(d.detokenize_mismatch for d in deltas) and deltas[-1].finish_reason == "length"
+    finally:
+        q.close()
