@@ -39,16 +39,19 @@ class InvariantRows:
     """The batch-invariant query rows of a step: rows [row_start, num_tokens) of the flat batch."""
 
     row_start: int
-    block_tables: torch.Tensor  # [rows, max_blocks] int32: each row's sequence's blocks
-    num_blocks: torch.Tensor  # [rows] int64: blocks holding keys 0..position of each row
-    past_end: torch.Tensor  # [rows, max_blocks, block_size] bool: True for keys after the row's position
+    block_tables: torch.Tensor  # [rows, width] int32: each row's sequence's blocks
+    past_end: torch.Tensor  # [rows, width, block_size] bool: True for keys after the row's position
+    # The combining tree over a power of two >= width, one mask per level (halves 1, 2, 4, ...):
+    # [rows, half] bool, True where element i + half exists for the row (holds keys it sees)
+    tree_levels: list[torch.Tensor]
     groups: list[slice]  # rows attended together (bounded gather memory)
 
 
 def build_invariant_rows(row_start: int, positions_np: np.ndarray, request_of_row: np.ndarray,
                          block_table: torch.Tensor, block_size: int, device: torch.device) -> InvariantRows:
     """positions_np: [rows] position of each invariant row; request_of_row: [rows] its request's
-    index into block_table ([num_reqs, width] int32, device)."""
+    index into block_table ([num_reqs, width] int32, device). Built once per step, shared by the
+    layers."""
     num_blocks_np = positions_np // block_size + 1
     width = int(num_blocks_np.max())
     rows_per_group = max(1, MAX_ROW_BLOCKS_PER_GROUP // width)
@@ -56,23 +59,30 @@ def build_invariant_rows(row_start: int, positions_np: np.ndarray, request_of_ro
     tables = block_table[:, :width].index_select(0, torch.from_numpy(request_of_row).to(device))
     positions = torch.from_numpy(positions_np).to(device)
     keys = torch.arange(width * block_size, device=device).view(1, width, block_size)
-    return InvariantRows(row_start, tables, torch.from_numpy(num_blocks_np).to(device),
-                         keys > positions.view(-1, 1, 1), groups)
+    num_blocks = torch.from_numpy(num_blocks_np).to(device).unsqueeze(1)
+    size = 1 << (width - 1).bit_length()
+    levels = []
+    while size > 1:
+        size //= 2
+        levels.append(torch.arange(size, 2 * size, device=device).unsqueeze(0) < num_blocks)
+    return InvariantRows(row_start, tables, keys > positions.view(-1, 1, 1), levels, groups)
 
 
 def batch_invariant_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: InvariantRows,
                               scale: float) -> torch.Tensor:
     """q: [rows, heads, head_dim] (the invariant rows, their K/V already in the cache); caches
     [kv_heads, num_blocks, block_size, head_dim]. Returns [rows, heads, head_dim]."""
+    if len(rows.groups) == 1:
+        return _attend(q, k_cache, v_cache, rows.block_tables, rows.past_end, rows.tree_levels, scale)
     out = torch.empty_like(q)
     for group in rows.groups:
-        out[group] = _attend(q[group], k_cache, v_cache, rows.block_tables[group], rows.num_blocks[group],
-                             rows.past_end[group], scale)
+        out[group] = _attend(q[group], k_cache, v_cache, rows.block_tables[group], rows.past_end[group],
+                             [level[group] for level in rows.tree_levels], scale)
     return out
 
 
 def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-            num_blocks: torch.Tensor, past_end: torch.Tensor, scale: float) -> torch.Tensor:
+            past_end: torch.Tensor, tree_levels: list[torch.Tensor], scale: float) -> torch.Tensor:
     num_rows, num_heads, head_dim = q.shape
     num_kv_heads, total_blocks, block_size, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -93,29 +103,28 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table
     # the loop, which depends on the tensor's size; softmax applies one exp to every row alike.)
     row_max = scores.amax(dim=(2, 4), keepdim=True).expand(num_kv_heads, num_rows, width, group, 1)
     probs = torch.cat((scores, row_max), dim=-1).softmax(dim=-1)
-    inv_z = probs[..., block_size]  # [kv_heads, rows, width, group]
+    inv_z = probs[..., block_size:]  # [kv_heads, rows, width, group, 1]
     weights = probs[..., :block_size]
     block_out = torch.bmm(weights.reshape(-1, group, block_size).to(q.dtype), values).float()
-    block_out = block_out.view(num_kv_heads, num_rows, width, group, head_dim)
-    numerator = _tree_sum(block_out / inv_z.unsqueeze(-1), num_blocks)  # sums of exp(s - M) * v
-    denominator = _tree_sum(weights.sum(dim=-1) / inv_z, num_blocks)  # sums of exp(s - M)
-    o = numerator / denominator.unsqueeze(-1)  # [kv_heads, rows, group, head_dim]
+    # per block [sum exp(s - M) * v, sum exp(s - M)]: [kv_heads, rows, width, group, head_dim + 1]
+    partial = torch.cat((block_out.view(num_kv_heads, num_rows, width, group, head_dim),
+                         weights.sum(dim=-1, keepdim=True)), dim=-1).div_(inv_z)
+    total = _tree_sum(partial, tree_levels)
+    o = total[..., :head_dim] / total[..., head_dim:]  # [kv_heads, rows, group, head_dim]
     return o.transpose(0, 1).reshape(num_rows, num_heads, head_dim).to(q.dtype)
 
 
-def _tree_sum(x: torch.Tensor, num_valid: torch.Tensor) -> torch.Tensor:
+def _tree_sum(x: torch.Tensor, levels: list[torch.Tensor]) -> torch.Tensor:
     """Sum over dim 2 of x ([kv_heads, rows, width, ...]) in a fixed binary tree: at each level
-    element i takes i + half, only where that element exists for the row (i + half < num_valid
-    of the row), so padding (to a power of two, or a wider batch) never changes a row's sums."""
+    element i takes i + half, only where that element exists for the row (`levels`, widest
+    first), so padding (to a power of two, or a wider batch) never changes a row's sums."""
     width = x.shape[2]
-    size = 1 << (width - 1).bit_length()
+    size = 2 * levels[0].shape[1] if levels else 1
     if size > width:
         x = torch.cat((x, x.new_zeros(*x.shape[:2], size - width, *x.shape[3:])), dim=2)
     trailing = (1,) * (x.dim() - 3)
-    while size > 1:
-        half = size // 2
-        exists = torch.arange(half, 2 * half, device=x.device).unsqueeze(0) < num_valid.unsqueeze(1)  # [rows, half]
-        left, right = x[:, :, :half], x[:, :, half:size]
-        x = torch.where(exists.view(1, *exists.shape, *trailing), left + right, left)
-        size = half
+    for exists in levels:
+        half = exists.shape[1]
+        left = x[:, :, :half]
+        x = torch.where(exists.view(1, *exists.shape, *trailing), left + x[:, :, half:2 * half], left)
     return x[:, :, 0]

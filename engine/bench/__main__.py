@@ -3,6 +3,7 @@
     python -m engine.bench [--dtype bfloat16|float32] [--rounds 2] [--batch 32]
     python -m engine.bench --speculative [...]   (n-gram speculative decoding against none)
     python -m engine.bench --structured [...]    (JSON-schema-constrained decoding against none)
+    python -m engine.bench --batch-invariant [...]  (batch-invariant requests against ordinary ones)
 
 Runs alternate (ours, transformers, ours, transformers, ...) so a noisy shared machine hits both
 alike; each figure is the best of the rounds. Workloads: 1 and `--batch` sequences, each with a
@@ -56,6 +57,10 @@ def main(argv: list[str] | None = None) -> None:
         from engine.bench.structured import main as structured_main
 
         return structured_main(argv[1:])
+    if argv and argv[0] == "--batch-invariant":  # per-request invariance against none (engine/bench/batch_invariant.py)
+        from engine.bench.batch_invariant import main as batch_invariant_main
+
+        return batch_invariant_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="Hugging Face folder; default: the embedded model")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])

@@ -46,9 +46,11 @@ def _import(*candidates: str):
     raise ImportError(f"none of {candidates}")
 
 
-def sampling_params(output_len: int, sampled: bool):
+def sampling_params(output_len: int, sampled: bool, batch_invariant: bool = False):
     params_cls = _import("common.messages.SamplingParams", "engine.messages.SamplingParams")
-    fields = SAMPLED if sampled else dict(temperature=0.0)
+    fields = dict(SAMPLED if sampled else dict(temperature=0.0))
+    if batch_invariant:  # only then: older checkouts have no such field
+        fields["batch_invariant"] = True
     return params_cls(max_tokens=output_len, ignore_eos=True, **fields)
 
 
@@ -66,10 +68,10 @@ def random_prompts(rnd: random.Random, vocab_size: int, n: int, length: int) -> 
     return [[rnd.randrange(100, vocab_size) for _ in range(length)] for _ in range(n)]
 
 
-def run_ours(engine, prompts: list[list[int]], output_len: int, sampled: bool = False):
+def run_ours(engine, prompts: list[list[int]], output_len: int, sampled: bool = False, batch_invariant: bool = False):
     """All prompts at once, to the end; a RunResult with the per-step split."""
     runs, step_timer = _sibling("runs"), _sibling("step_timer")
-    params = sampling_params(output_len, sampled)
+    params = sampling_params(output_len, sampled, batch_invariant)
     reset = getattr(engine.scheduler, "reset_prefix_cache", None) or engine.block_manager.reset_prefix_cache
     reset()  # every round starts cold, like transformers
     times = step_timer.StepTimes()
