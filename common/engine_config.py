@@ -16,6 +16,9 @@ from common.speculative_config import SpeculativeConfig, parse_speculative_confi
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = opt(None, "Hugging Face model folder; default: the embedded SmolLM2-135M-Instruct")
+    load_format: str = opt(
+        "auto", "auto: the weights in the folder's *.safetensors; dummy: random weights from its config.json "
+                "alone (shapes and speed only, the text is noise)", choices=("auto", "dummy"))
     dtype: str = opt("auto", "float32 | bfloat16 | float16 | auto (bfloat16 on CPU and CUDA)")
     device: str = opt("auto", "cpu | cuda | auto")
     max_model_len: int | None = opt(None, "longest prompt + output, in tokens; default: the model's limit")

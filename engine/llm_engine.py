@@ -48,7 +48,8 @@ class LLMEngine(EngineCore):
                              f"{arch.max_position_embeddings}")
         max_model_len = config.max_model_len or arch.max_position_embeddings
         self.model = load_model(self.model_dir, self.dtype, self.device,
-                                self.platform.linear_method(batch_hint=config.max_num_seqs))
+                                self.platform.linear_method(batch_hint=config.max_num_seqs),
+                                random_weights=config.load_format == "dummy")
         # how batch-invariant rows go through each linear shape (engine/models/batch_invariance.py)
         invariance = probe_batch_invariance(self.model, self.dtype, self.device, config.max_num_batched_tokens,
                                             config.max_num_batched_tokens)

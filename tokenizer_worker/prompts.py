@@ -28,6 +28,11 @@ class PromptTokenizer:
 
     def chat_prompt_ids(self, messages: Sequence[ChatMessage], add_generation_prompt: bool,
                         tools: list[dict] | None = None) -> list[int]:
+        return self.chat_text_ids(self.chat_text(messages, add_generation_prompt, tools))
+
+    def chat_text(self, messages: Sequence[ChatMessage], add_generation_prompt: bool,
+                  tools: list[dict] | None = None) -> str:
+        """The conversation through the model's chat template."""
         if not self.tokenizer.chat_template:
             raise InvalidRequest("messages", "this model has no chat template; use /v1/completions with a prompt")
         extra = {}
@@ -38,10 +43,12 @@ class PromptTokenizer:
         else:
             conversation = with_hermes_tools(messages, tools)
         try:
-            text = self.tokenizer.apply_chat_template(conversation, tokenize=False,
+            return self.tokenizer.apply_chat_template(conversation, tokenize=False,
                                                       add_generation_prompt=add_generation_prompt, **extra)
         except jinja2.TemplateError as exc:  # e.g. `raise_exception('roles must alternate')`
             raise InvalidRequest("messages", f"the model's chat template refused them: {exc}") from None
+
+    def chat_text_ids(self, text: str) -> list[int]:
         # The template already wrote the special tokens it wants (BOS, role markers).
         return self.tokenizer.encode(text, add_special_tokens=False)
 

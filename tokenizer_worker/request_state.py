@@ -1,16 +1,19 @@
 """One server request inside the tokenizer worker: its choices, their detokenizers, its usage.
 
 A request runs len(prompts) * n choices, each an engine request of its own (child id from
-`common.parallel_sampling`). Token deltas come in per child; text deltas go out per choice.
+`common.parallel_sampling`). Token deltas come in per child; text deltas go out per choice. A
+traced request also collects its trace here (`tokenizer_worker.trace`).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from common.messages import SamplingParams, TextDelta, TokenDelta, Usage
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
 from tokenizer_worker.stream_check import StreamCheck
 from tokenizer_worker.token_text import TokenText
+from tokenizer_worker.trace import TRACED_CHOICE, RequestTraceBuilder
 
 
 @dataclass
@@ -38,6 +41,7 @@ class WorkerRequest:
     prompt_lens: list[int]  # per prompt
     choices: dict[str, Choice] = field(default_factory=dict)  # by child id
     num_unfinished: int = 0
+    trace: RequestTraceBuilder | None = None  # "trace": true
 
     def add_choice(self, choice: Choice) -> None:
         self.choices[choice.child_id] = choice
@@ -48,9 +52,13 @@ class WorkerRequest:
         choice.num_output_tokens += len(d.new_token_ids)
         if d.num_cached_tokens is not None:
             choice.num_cached_tokens = d.num_cached_tokens
+        traced = self.trace is not None and choice.index == TRACED_CHOICE
+        if traced and d.trace is not None:
+            self.trace.on_engine(d.trace)
         text_ids = d.new_token_ids
         if d.stop_reason is not None and not self.params.include_stop_str_in_output:
             text_ids = text_ids[:-1]  # a stop token id ends the text without being part of it (vLLM)
+        start = time.perf_counter() if traced else 0.0
         out = choice.detokenizer.add_tokens(text_ids)
         text, finish, stop_reason, abort = out.text, None, None, False
         if out.stop_hit is not None:
@@ -62,6 +70,8 @@ class WorkerRequest:
                 finish, stop_reason = "stop", choice.detokenizer.stop_hit
             else:
                 finish, stop_reason = d.finish_reason, d.stop_reason
+        if traced:
+            self.trace.on_detokenized(d.trace, len(text_ids), text, round((time.perf_counter() - start) * 1e3, 4))
         if choice.stream_check is not None:
             choice.stream_check.record(text_ids, text)
         logprobs = token_text.logprobs(d.logprobs) if d.logprobs else None
@@ -77,6 +87,8 @@ class WorkerRequest:
             self.num_unfinished -= 1
             if self.num_unfinished == 0:
                 delta.usage = self.usage()
+                if self.trace is not None:
+                    delta.trace = self.trace.build()
         return DeltaResult(delta, abort)
 
     def unfinished_child_ids(self) -> list[str]:

@@ -6,6 +6,7 @@ From the engine: TokenDeltas, turned into TextDeltas by one IncrementalDetokeniz
 a stop string ends its choice here and the engine is told to abort that child at once. Token
 deltas for ids it does not know (aborted, finished, late duplicates) are dropped. A request with
 structured outputs goes on to the engine only once its grammar compiled here (`grammar_check`).
+A traced request ("trace": true) has its first choice traced, here and in the engine (`trace`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from tokenizer_worker.prompts import PromptTokenizer
 from tokenizer_worker.request_state import Choice, WorkerRequest
 from tokenizer_worker.stream_check import StreamCheck
 from tokenizer_worker.token_text import TokenText
+from tokenizer_worker.trace import TRACED_CHOICE, RequestTraceBuilder, chat_stops, prompt_stops, timed
 
 logger = logging.getLogger(__name__)
 
@@ -111,13 +113,19 @@ class TokenizerWorker:
         limits = self._limits()
         params = msg.sampling_params
         if msg.messages is not None:
-            field, prompts = "messages", [self.prompts.chat_prompt_ids(msg.messages, msg.add_generation_prompt,
-                                                                          msg.tools)]
+            text, template_ms = timed(self.prompts.chat_text, msg.messages, msg.add_generation_prompt, msg.tools)
+            ids, tokenize_ms = timed(self.prompts.chat_text_ids, text)
+            field, prompts = "messages", [ids]
+            traced_stops = chat_stops(msg.messages, text, ids, template_ms, tokenize_ms) if params.trace else []
         else:
-            field, prompts = "prompt", [self.prompts.text_prompt_ids(p) for p in msg.prompts]
+            timed_prompts = [timed(self.prompts.text_prompt_ids, p) for p in msg.prompts]
+            field, prompts = "prompt", [ids for ids, _ in timed_prompts]
+            traced_stops = prompt_stops(msg.prompts[0], *timed_prompts[0]) if params.trace else []
         for ids in prompts:  # the engine's own admission check, so a bad prompt never reaches it
             resolve_max_tokens(ids, limits.vocab_size, params.max_tokens, limits.max_model_len, param=field)
         req = WorkerRequest(msg.request_id, params, [len(ids) for ids in prompts])
+        if params.trace:
+            req.trace = RequestTraceBuilder(traced_stops)
         # with tools offered, the tool-call tags must reach the parser even when they are special tokens
         skip_special = params.skip_special_tokens and not (msg.tools and self.prompts.tool_tags_are_special)
         engine_requests = []
@@ -130,6 +138,8 @@ class TokenizerWorker:
                     stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
                 check = StreamCheck(detokenizer) if self.detokenize_check else None
                 req.add_choice(Choice(index, p, child_id, detokenizer, stream_check=check))
+                if child_params.trace and index != TRACED_CHOICE:
+                    child_params = msgspec.structs.replace(child_params, trace=False)
                 engine_requests.append(EngineRequest(child_id, ids, child_params))
 
         def dispatch() -> None:

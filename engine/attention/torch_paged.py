@@ -102,6 +102,20 @@ class TorchPagedBackend:
                                             mask))
         return meta
 
+    def describe_kernel(self, metadata: TorchPagedMetadata, query_start: int) -> str:
+        """How the request whose rows start at `query_start` is attended this step (for traces)."""
+        invariant = metadata.invariant
+        if invariant is not None and query_start >= invariant.row_start:
+            return "batch-invariant: each query row alone, its keys in splits of one block"
+        if query_start < metadata.num_single_queries:
+            assert metadata.single_mask is not None
+            return (f"one-query batch: two bmm over {metadata.num_single_queries} sequences, keys padded to "
+                    f"{metadata.single_mask.shape[-1]}")
+        chunk = next(c for c in metadata.chunks if c.query_start == query_start)
+        if chunk.mask is None:
+            return "sdpa, causal (the whole sequence in this step)"
+        return f"sdpa with a mask (after {chunk.context_len - chunk.query_len} cached tokens)"
+
     def _invariant_rows(self, inputs: StepInputs, first: int) -> InvariantRows:
         """Every row of requests first..num_reqs-1: its position and its request's blocks."""
         qsl, query_lens = inputs.query_start_loc_np, inputs.query_lens_np[first:]

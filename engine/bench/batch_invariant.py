@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
         for sampled in (False, True):
             plain, inv = best[(name, sampled, False)], best[(name, sampled, True)]
             label = f"{name} {'sampled' if sampled else 'greedy'}"
-            print(f"{label:<24}{plain.output_tps:>16.1f}{inv.output_tps:>17.1f}{inv.output_tps / plain.output_tps:>7.2f}x"
+            ratio = inv.output_tps / plain.output_tps
+            print(f"{label:<24}{plain.output_tps:>16.1f}{inv.output_tps:>17.1f}{ratio:>7.2f}x"
                   f"{plain.ttft * 1e3:>13.0f}ms{inv.ttft * 1e3:>14.0f}ms")
     print("\nper engine step (ms)       ordinary forward  invariant forward")
     for name in workloads:

@@ -5,6 +5,7 @@ request that produced tokens or finished. Bad parameters raise InvalidRequest (a
 naming the field) in add_request, before anything reaches the scheduler. The runner is anything
 with `execute(SchedulerOutput) -> RunnerOutput`, so the scheduler is testable without a model.
 A `step_observer`, when set, sees every step that ran with its wall time (the roofline metrics).
+Traced requests get their records' queue and step times here (`traces.py`).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from common.validation import resolve_max_tokens, validate_sampling_params
 from engine.core.outputs import RunnerOutput, SchedulerOutput
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
+from engine.core.traces import TraceDelivery
 
 
 class Runner(Protocol):
@@ -40,6 +42,7 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.batch_invariant = batch_invariant  # every request, whatever it asked
         self.step_observer: StepObserver | None = None
+        self.traces = TraceDelivery()
 
     @property
     def requests(self) -> dict[str, Request]:
@@ -62,9 +65,13 @@ class EngineCore:
         max_tokens = resolve_max_tokens(prompt_token_ids, self.vocab_size, sampling_params.max_tokens,
                                         self.max_model_len)
         self.scheduler.add_request(Request(request_id, prompt_token_ids, sampling_params, max_tokens))
+        if sampling_params.trace:
+            self.traces.arrived(request_id)
 
     def abort(self, request_id: str) -> bool:
         """Free everything the request holds at once; False for an unknown (or finished) id."""
+        if self.traces.active:
+            self.traces.drop(request_id)
         return self.scheduler.abort(request_id)
 
     def has_unfinished(self) -> bool:
@@ -80,7 +87,10 @@ class EngineCore:
         deltas = self.scheduler.update(so, ro)
         if self.step_observer is not None:
             self.step_observer.observe(so, ro, time.perf_counter() - start)
-        return failed + deltas + self.scheduler.take_failed()
+        deltas = failed + deltas + self.scheduler.take_failed()
+        if self.traces.active:
+            self.traces.on_step(so, ro.traces, deltas, start)
+        return deltas
 
     def take_roofline_stats(self) -> RooflineStats | None:
         return None if self.step_observer is None else self.step_observer.take_stats()

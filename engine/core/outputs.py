@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.messages import SamplingParams
+from common.messages import EngineTrace, SamplingParams
 from engine.structured.manager import GrammarBitmask
 
 
@@ -66,6 +66,8 @@ class RunnerOutput:
     # model distribution); None for requests that asked for none.
     logprob_token_ids: list[list[list[int]] | None] | None = None
     logprobs: list[list[list[float]] | None] | None = None
+    # Traced requests recorded in full this step (engine/trace): request id -> that step's record
+    traces: dict[str, EngineTrace] | None = None
 
     @classmethod
     def empty(cls) -> RunnerOutput:

@@ -5,6 +5,8 @@ Checkpoint names map onto ours by dropping the `model.` prefix; a module the mod
 into its slice, so the merged projections are built while loading, never as a second copy. Every
 parameter (and every shard of a merged one) must be filled, and every checkpoint tensor must land
 somewhere. Then each linear layer's method reworks its weight once (packing, for example).
+`random_weights=True` fills the parameters from a seeded generator instead, from config.json
+alone (an architecture's shapes and speed without its checkpoint, vLLM's `--load-format dummy`).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from engine.models.linear import Linear, LinearMethod, MergedLinear
 from engine.models.llama import CausalLM
 
 
-def load_model(model_dir: Path | str, dtype: torch.dtype, device: torch.device, method: LinearMethod) -> CausalLM:
+def load_model(model_dir: Path | str, dtype: torch.dtype, device: torch.device, method: LinearMethod,
+               random_weights: bool = False) -> CausalLM:
     arch = ModelArch.from_hf_config(read_hf_config(model_dir))
     with torch.device("meta"):
         model = CausalLM(arch, method)
@@ -28,6 +31,29 @@ def load_model(model_dir: Path | str, dtype: torch.dtype, device: torch.device, 
     model = model.to_empty(device=device).to(dtype)
     model.tie_weights()  # to_empty gives each module its own tensor, breaking the tie
     _rebuild_rotary(model, device)  # its non-persistent cos/sin tables were left empty by meta
+    if random_weights:
+        fill_random_weights(model)
+    else:
+        _load_checkpoint(model, model_dir)
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.process_weights_after_loading()
+    return model.eval()
+
+
+def fill_random_weights(model: CausalLM, seed: int = 0, std: float = 0.02) -> None:
+    """Matrices (and the embedding) from N(0, std), as transformers initialises them; norm
+    weights 1, biases 0. Seeded, so two engines on the same config hold the same weights."""
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # a tied LM head is the embedding, listed once
+            if param.dim() >= 2:
+                param.normal_(0.0, std, generator=generator)
+            else:
+                param.fill_(0.0 if name.endswith("bias") else 1.0)
+
+
+def _load_checkpoint(model: CausalLM, model_dir: Path | str) -> None:
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
@@ -41,10 +67,6 @@ def load_model(model_dir: Path | str, dtype: torch.dtype, device: torch.device, 
                     _load(model, params, *target, f.get_tensor(name))
                     loaded.add(target)
     _check_complete(model, params, loaded, model_dir)
-    for module in model.modules():
-        if isinstance(module, Linear):
-            module.process_weights_after_loading()
-    return model.eval()
 
 
 def _our_name(model: CausalLM, name: str) -> tuple[str, str | int | None] | None:

@@ -5,10 +5,13 @@ scheduled requests out in the attention backend's order and build the flat input
 index arithmetic (`prepare_inputs`), run the model (`forward`), and sample at each request's last
 scheduled row when that row reaches the end of its known tokens (a partial prefill chunk samples
 nothing). The runner never sees the scheduler's `Request` objects: it keeps its own per-request
-state (the seeded generator survives a preemption) and reads only plain structs.
+state (the seeded generator survives a preemption) and reads only plain structs. A step holding a
+traced request (`engine/trace`) runs with the tracer's hooks and laps; any other step checks one
+empty dict.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +27,7 @@ from engine.runner.input_batch import InputBatch
 from engine.sample.sampler import Sampler, SamplerOutput
 from engine.sample.verify import accept_drafts
 from engine.structured.bitmask import apply_grammar_bitmask
+from engine.trace.tracer import RequestTracer, StepTrace
 from engine.utils import cdiv
 
 
@@ -75,24 +79,42 @@ class ModelRunner:
         # On CUDA, the staging copies of a step are asynchronous, and a step that samples nothing
         # has no host sync: the host must not rewrite the pinned buffers before they are copied.
         self._staged: torch.cuda.Event | None = None
+        self.tracer = RequestTracer(model, backend, device)
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> RunnerOutput:
+        start = time.perf_counter()
         if self._staged is not None:
             self._staged.synchronize()
         self.update_states(so)
         if not so.num_scheduled_tokens:
             return RunnerOutput.empty()
         inputs = self.prepare_inputs(so)
+        trace = self.tracer.begin(inputs, start) if self.tracer.followed else None
+        if trace is None:
+            return self._run(so, inputs, None)
+        with trace:
+            result = self._run(so, inputs, trace)
+        result.traces = trace.finish()
+        return result
+
+    def _run(self, so: SchedulerOutput, inputs: ModelInputs, trace: StepTrace | None) -> RunnerOutput:
+        """Forward, logits and sampling of a prepared step; `trace` takes a lap after each."""
         hidden = self.forward(inputs)
+        if trace is not None:
+            trace.lap("forward")
         if not inputs.sampled_request_ids:
             return RunnerOutput.empty()
         with invariant_rows_from(inputs.invariant_logits_start):
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [num_sampled, vocab]
         if so.grammar is not None:
             apply_grammar_bitmask(logits, so.grammar, self._logits_row_of(inputs))
+        if trace is not None:
+            trace.lap("logits")
         md = self.batch.sampling.metadata(inputs.sampled_rows)
         out = self.sampler(logits, md, self.batch.sampling)
+        if trace is not None:
+            trace.lap("sample")
         if inputs.num_logits is None:  # one token per request: the ids never leave the device first
             self.batch.append_sampled(inputs.sampled_rows, inputs.sampled_rows_dev, out.token_ids)
             samples = out.token_ids.tolist()  # the step's one device-to-host read (plus logprobs if asked)
@@ -143,6 +165,8 @@ class ModelRunner:
         for request_id in so.finished_request_ids:
             self.batch.remove(request_id)
             self.generators.pop(request_id, None)
+            if self.tracer.tracking:
+                self.tracer.forget(request_id)
         for request_id in so.preempted_request_ids:
             self.batch.remove(request_id)  # its generator stays: it resumes where it was
         for new in so.new_requests:
@@ -153,6 +177,8 @@ class ModelRunner:
                 self.generators[new.request_id] = generator
             self.batch.add(new.request_id, new.token_ids, new.num_prompt_tokens, new.block_ids,
                            new.num_computed_tokens, new.sampling_params, generator)
+            if new.sampling_params.trace:
+                self.tracer.follow(new.request_id, new.num_prompt_tokens)
         for cached in so.cached_requests:
             row = self.batch.row_of[cached.request_id]
             self.batch.num_computed_tokens[row] = cached.num_computed_tokens
