@@ -35,6 +35,10 @@ class ServerConfig:
     detokenize_check: bool = opt(
         True, "compare each finished choice's streamed text with one full decode of its tokens; a difference "
               "counts in llm:detokenize_mismatch_total and is logged with both texts")
+    enable_trace: bool = opt(
+        False, 'accept "trace": true on the generation endpoints: the response then carries the request\'s '
+               "shapes and times at every stop (chat template, tokenization, each operator of layer 0 for the "
+               "prefill and one decode step, sampling, detokenization); off, such a request gets a 400")
     log_level: str = opt("info", "debug | info | warning | error")
 
 

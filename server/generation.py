@@ -5,6 +5,8 @@ choice is sent when its first text exists. A client that goes away has its reque
 the engine at once: sse-starlette cancels the generator, whose `finally` sends the abort.
 Non-streaming: nothing cancels the handler when the client leaves (Starlette cancels streaming
 responses only), so generation runs as a task while the handler polls for the disconnect.
+A traced request's `trace` (server/trace.py) is a top-level key of the response, or of the last
+chunk of a stream: the usage chunk when there is one, else the chunk of the last finish_reason.
 """
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from common.messages import EngineReady, FinishReason, GenerateRequest, StopReason, TextDelta, TextLogprob, Usage
+from common.messages import (EngineReady, FinishReason, GenerateRequest, RequestTrace, StopReason, TextDelta,
+                             TextLogprob, Usage)
 from server.errors import ApiError, bad_request, error_body
 from server.state import ServingState
+from server.trace import check_trace_allowed, trace_json
 from server.worker_client import RequestStream, WorkerClient
 
 # For the OpenAPI document: with "stream": true the answer is an SSE stream, not JSON.
@@ -76,11 +80,12 @@ def usage_dict(usage: Usage) -> dict:
 
 def admit(state: ServingState, body) -> EngineReady:
     """The checks every generation endpoint makes first: the engine is ready, the model is
-    ours, and stream_options only comes with stream."""
+    ours, stream_options only comes with stream, and a trace only where tracing is on."""
     ready = state.check_accepting()
     state.check_model(body.model)
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options: only allowed when stream is true", "stream_options")
+    check_trace_allowed(body, state.config)
     return ready
 
 
@@ -97,8 +102,11 @@ async def serve_generation(state: ServingState, raw: Request, request: GenerateR
         while True:
             done, _ = await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_S)
             if done:
-                choices, usage = collecting.result()
-                return JSONResponse(renderer.response(choices, usage))
+                choices, usage, trace = collecting.result()
+                response = renderer.response(choices, usage)
+                if trace is not None:
+                    response["trace"] = trace_json(trace)
+                return JSONResponse(response)
             if await raw.is_disconnected():
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
     finally:
@@ -107,7 +115,8 @@ async def serve_generation(state: ServingState, raw: Request, request: GenerateR
         client.abort(request.request_id)  # a no-op when it finished
 
 
-async def _collect(stream: RequestStream, num_choices: int) -> tuple[list[ChoiceResult], Usage]:
+async def _collect(stream: RequestStream, num_choices: int) -> tuple[list[ChoiceResult], Usage,
+                                                                     RequestTrace | None]:
     choices = [ChoiceResult(i) for i in range(num_choices)]
     async for delta in stream:
         _raise_on_engine_error(delta)
@@ -118,7 +127,7 @@ async def _collect(stream: RequestStream, num_choices: int) -> tuple[list[Choice
         if delta.finish_reason is not None:
             choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_reason
         if delta.usage is not None:
-            return choices, delta.usage
+            return choices, delta.usage, delta.trace
     raise AssertionError("the stream ended without usage")
 
 
@@ -135,12 +144,16 @@ async def _sse_events(client: WorkerClient, stream: RequestStream, renderer: Ren
     try:
         async for delta in stream:
             _raise_on_engine_error(delta)
-            for chunk in renderer.chunks(delta):
+            chunks = renderer.chunks(delta)
+            if delta.usage is not None:
+                if include_usage:
+                    chunks.append(renderer.usage_chunk(delta.usage))
+                if delta.trace is not None:
+                    chunks[-1]["trace"] = trace_json(delta.trace)
+            for chunk in chunks:
                 yield encode(chunk).decode()
             if delta.usage is not None:
                 finished = True
-                if include_usage:
-                    yield encode(renderer.usage_chunk(delta.usage)).decode()
     except ApiError as err:
         yield encode(error_body(err.status, err.message, err.param, err.code)).decode()
     finally:

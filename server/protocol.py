@@ -233,6 +233,9 @@ class SamplingFields(UnsupportedFieldsCheck):
     # An extension: logits (so greedy and seeded outputs) that do not depend on the other requests
     # in the engine's batch (the server's --batch-invariant gives it to every request)
     batch_invariant: bool = False
+    # An extension: the response carries a `trace` of the first choice's way through the server,
+    # stop by stop (shapes and times; server/trace.py); refused unless --enable-trace is set
+    trace: bool = False
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -81,7 +81,7 @@ def _sampling_params(body: SamplingFields, defaults: dict, vocab_size: int, max_
         logprobs=logprobs, stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
         stop=stop, include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens, structured_outputs=structured,
-        batch_invariant=body.batch_invariant)
+        batch_invariant=body.batch_invariant, trace=body.trace)
     try:
         validate_sampling_params(params, vocab_size)
     except InvalidRequest as exc:

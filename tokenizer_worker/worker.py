@@ -120,7 +120,7 @@ class TokenizerWorker:
         else:
             timed_prompts = [timed(self.prompts.text_prompt_ids, p) for p in msg.prompts]
             field, prompts = "prompt", [ids for ids, _ in timed_prompts]
-            traced_stops = prompt_stops(msg.prompts[0], *timed_prompts[0]) if params.trace else []
+            traced_stops = prompt_stops(msg.prompts[0], *timed_prompts[0]) if params.trace and msg.prompts else []
         for ids in prompts:  # the engine's own admission check, so a bad prompt never reaches it
             resolve_max_tokens(ids, limits.vocab_size, params.max_tokens, limits.max_model_len, param=field)
         req = WorkerRequest(msg.request_id, params, [len(ids) for ids in prompts])
