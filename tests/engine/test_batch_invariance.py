@@ -165,3 +165,19 @@ def test_fixed_tiles_make_a_batch_size_dependent_matmul_invariant():
             for tail in (1, 2, TILE_ROWS, TILE_ROWS + 1, 37):
                 rows = torch.cat((torch.randn(head + offset, 1536), x[:tail]))
                 assert torch.equal(apply_in_tiles(apply, rows, head)[head + offset:], tiled[:tail])
+
+
+def test_speculative_decoding_keeps_the_logits(dtype, reference):
+    """Verifying an n-gram draft attends several rows of a request in one step; each row still
+    gives the logits it gives one token at a time, so greedy outputs and their logprobs equal the
+    reference without speculation. (Seeded sampling is not compared: accepting or rejecting a
+    sampled draft draws its random numbers differently, by design.)"""
+    prompts, alone = reference
+    llm = LLM(dtype=dtype, max_num_batched_tokens=512, max_model_len=2048,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                  "prompt_lookup_max": 3})
+    got = _run(llm, [(0, prompt, _invariant_params(i)) for i, prompt in enumerate(prompts)])
+    spec = llm.engine.scheduler.speculator.take_stats()
+    assert spec is not None and spec.num_accepted_tokens > 0, "drafts should have been verified and accepted"
+    for i in range(0, len(prompts), 2):  # the greedy ones
+        assert got[f"r{i}"] == alone[i], f"{dtype}: prompt {i} with speculative decoding"
