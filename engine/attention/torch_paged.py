@@ -107,10 +107,11 @@ class TorchPagedBackend:
         invariant = metadata.invariant
         if invariant is not None and query_start >= invariant.row_start:
             return "batch-invariant: each query row alone, its keys in splits of one block"
-        if query_start < metadata.num_single_queries:
+        num_single = metadata.num_single_queries
+        if query_start < num_single:
             assert metadata.single_mask is not None
-            return (f"one-query batch: two bmm over {metadata.num_single_queries} sequences, keys padded to "
-                    f"{metadata.single_mask.shape[-1]}")
+            return (f"one-query batch: two bmm over {num_single} sequence{'' if num_single == 1 else 's'}, "
+                    f"keys padded to {metadata.single_mask.shape[-1]}")
         chunk = next(c for c in metadata.chunks if c.query_start == query_start)
         if chunk.mask is None:
             return "sdpa, causal (the whole sequence in this step)"
