@@ -43,5 +43,9 @@ class EngineConfig:
         False, "every request's logits independent of the batch it lands in (a request can also ask with "
                '"batch_invariant": true)')
 
+    native_kernels: bool = opt(
+        True, "on CPU, attend decode batches with the native C++ kernel (built for this CPU on first use and "
+              "cached; if it cannot be built, the torch path runs and the log says why)")
+
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

@@ -59,7 +59,7 @@ class LLMEngine(EngineCore):
             raise ValueError(f"the KV cache holds {self.num_kv_tokens} tokens, fewer than max_model_len "
                              f"{max_model_len}: raise --kv-cache-memory or lower --max-model-len")
         backend = create_backend(self.platform.attention_backend, arch.num_heads, arch.num_kv_heads, arch.head_dim,
-                                 config.block_size)
+                                 config.block_size, native_decode=config.native_kernels and self.device.type == "cpu")
         kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks), self.dtype, self.device)
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
@@ -73,6 +73,8 @@ class LLMEngine(EngineCore):
         self.step_observer = StepRoofline(RooflineModel(arch, element_bytes, element_bytes, element_bytes),
                                           self.machine_limits)
         logger.info("model %s on %s", self.model_dir, self.platform.describe(config.max_num_seqs))
+        logger.info("decode attention: %s", "the native CPU kernel" if getattr(backend, "native", None) is not None
+                    else "torch ops")
         logger.info("batch-invariant rows: %s", describe_invariance(invariance))
         logger.info("KV cache %d blocks x %d = %d tokens, max_model_len %d", num_blocks, config.block_size,
                     self.num_kv_tokens, max_model_len)

@@ -17,9 +17,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx
     return ctx.backend.forward(q, k, v, ctx.kv_caches[layer_idx], ctx.metadata, scale)
 
 
-def create_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> AttentionBackend:
+def create_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                   native_decode: bool = False) -> AttentionBackend:
+    """`native_decode`: attend one-query batches with the native CPU kernel if it builds."""
     if name == "torch-paged":
         from engine.attention.torch_paged import TorchPagedBackend
 
-        return TorchPagedBackend(num_heads, num_kv_heads, head_dim, block_size)
+        return TorchPagedBackend(num_heads, num_kv_heads, head_dim, block_size, native_decode)
     raise ValueError(f"unknown attention backend {name!r}")

@@ -44,18 +44,28 @@ class TorchPagedMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64
     num_single_queries: int  # the leading requests, one query row each
     single_block_tables: torch.Tensor | None  # [num_single_queries, max_blocks] int32
-    # [kv_heads * num_single_queries, 1, max_blocks * block_size] bool, True past a sequence's end
+    # [kv_heads * num_single_queries, 1, max_blocks * block_size] bool, True past a sequence's end;
+    # None where the native kernel attends them (it reads `single_seq_lens` instead)
     single_mask: torch.Tensor | None
     chunks: list[PrefillChunk]
+    single_seq_lens: torch.Tensor | None = None  # [num_single_queries] int32
     invariant: InvariantRows | None = None  # the batch-invariant tail of the batch
 
 
 class TorchPagedBackend:
     name = "torch-paged"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                 native_decode: bool = False):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.block_size = block_size
+        # The one-query batch through the native CPU kernel (engine/native), when it builds: K/V
+        # read in place, no gather copy and no padding to the longest sequence.
+        self.native = None
+        if native_decode:
+            from engine.native import kernels
+
+            self.native = kernels()
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         return (self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
@@ -89,8 +99,11 @@ class TorchPagedBackend:
             lens = inputs.seq_lens[:num_single]
             width = cdiv(int(inputs.seq_lens_np[:num_single].max()), bs)
             meta.single_block_tables = inputs.block_table[:num_single, :width]
-            past_end = torch.arange(width * bs, device=device).unsqueeze(0) >= lens.unsqueeze(1)  # [seqs, keys]
-            meta.single_mask = past_end.repeat(self.num_kv_heads, 1).unsqueeze(1)
+            if self.native is not None and device.type == "cpu":
+                meta.single_seq_lens = lens
+            else:
+                past_end = torch.arange(width * bs, device=device).unsqueeze(0) >= lens.unsqueeze(1)  # [seqs, keys]
+                meta.single_mask = past_end.repeat(self.num_kv_heads, 1).unsqueeze(1)
         qsl = inputs.query_start_loc_np
         for i in range(num_single, num_normal):
             start, end = int(inputs.num_computed_tokens_np[i]), int(inputs.seq_lens_np[i])
@@ -108,6 +121,9 @@ class TorchPagedBackend:
         if invariant is not None and query_start >= invariant.row_start:
             return "batch-invariant: each query row alone, its keys in splits of one block"
         num_single = metadata.num_single_queries
+        if query_start < num_single and metadata.single_mask is None:
+            return (f"one-query batch: native paged decode kernel over {num_single} sequence"
+                    f"{'' if num_single == 1 else 's'}, K/V read in place")
         if query_start < num_single:
             assert metadata.single_mask is not None
             return (f"one-query batch: two bmm over {num_single} sequence{'' if num_single == 1 else 's'}, "
@@ -156,7 +172,11 @@ class TorchPagedBackend:
     def _single_query_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 metadata: TorchPagedMetadata, scale: float) -> torch.Tensor:
         """One query per sequence. q: [num_seqs, heads, head_dim]."""
-        assert metadata.single_block_tables is not None and metadata.single_mask is not None
+        assert metadata.single_block_tables is not None
+        if metadata.single_mask is None:
+            assert self.native is not None and metadata.single_seq_lens is not None
+            return self.native.paged_decode_attention(q.contiguous(), k_cache, v_cache, metadata.single_block_tables,
+                                                      metadata.single_seq_lens, scale)
         num_seqs, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[0]
         group = num_heads // num_kv_heads

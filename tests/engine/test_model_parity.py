@@ -5,6 +5,7 @@ floating-point sums, so every comparison uses a tolerance.
 """
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -83,14 +84,16 @@ def test_prefill_in_chunks_of_7(tiny_model_dir):
     assert (torch.cat(got) - ref).abs().max().item() < TOL
 
 
-def test_decode_batched_with_others(tiny_model_dir):
+@pytest.mark.parametrize("native_kernels", [True, False], ids=["native-decode", "torch-decode"])
+def test_decode_batched_with_others(tiny_model_dir, native_kernels):
     """Sequence A is decoded token by token while batched with other sequences' decodes and a
-    prefill chunk; its logits at every position must match the reference."""
+    prefill chunk; its logits at every position must match the reference (the decodes through
+    the native CPU kernel, where it builds, and through the torch path)."""
     g = torch.Generator().manual_seed(3)
     a_ids = torch.randint(3, 256, (20,), generator=g).tolist()
     others = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (9, 14, 31)]
     ref = hf_logits(tiny_model_dir, a_ids)
-    engine = make_engine(tiny_model_dir)
+    engine = make_engine(tiny_model_dir, native_kernels=native_kernels)
     a = new_request("a", a_ids[:12])
     a.token_ids = list(a_ids)  # the rest are fed one by one as if sampled
     reqs = [new_request(f"o{i}", ids) for i, ids in enumerate(others)]

@@ -1,0 +1,65 @@
+"""Native CPU kernels (a C++ extension built for this host on first use, then cached).
+
+`kernels()` returns the compiled module, or None when it cannot be built (no compiler, a
+failed build) or is turned off (`LLM_NATIVE_KERNELS=0`); callers then use their torch path,
+and the reason is logged once. The build goes to `~/.cache/llm-serve/native/<key>` where the key
+names the torch version, the source's hash and the CPU's flags, so another machine or a changed
+kernel builds again and everything else loads in a second.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+from pathlib import Path
+from types import ModuleType
+
+logger = logging.getLogger(__name__)
+
+SOURCES = [Path(__file__).with_name("csrc") / "decode_attention.cpp"]
+CFLAGS = ["-O3", "-march=native", "-fopenmp-simd"]
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def build_directory() -> Path:
+    import torch
+
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
+    digest.update(_cpu_flags().encode())
+    key = f"torch{torch.__version__}-{digest.hexdigest()[:16]}"
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llm-serve" / "native"
+    return root / key
+
+
+@functools.cache
+def kernels() -> ModuleType | None:
+    if os.environ.get("LLM_NATIVE_KERNELS", "1") == "0":
+        logger.info("native CPU kernels off (LLM_NATIVE_KERNELS=0): torch paths")
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        directory = build_directory()
+        directory.mkdir(parents=True, exist_ok=True)
+        module = load(name="llm_serve_cpu_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
+                      build_directory=str(directory), verbose=False)
+    except Exception as exc:  # no compiler, a failed build: the torch paths still work
+        logger.warning("native CPU kernels unavailable, using torch paths: %s: %s", type(exc).__name__,
+                       str(exc).strip().splitlines()[-1] if str(exc).strip() else "")
+        return None
+    logger.info("native CPU kernels loaded from %s", directory)
+    return module
