@@ -20,7 +20,9 @@ from engine.core.scheduler import Scheduler
 from engine.models.config import ModelArch, read_hf_config
 from engine.models.batch_invariance import describe_invariance
 from engine.models.linear import probe_batch_invariance
+from engine.models.layers import RMSNorm
 from engine.models.loader import load_model
+from engine.native import kernels
 from engine.platform import Platform
 from engine.roofline.cost_model import RooflineModel
 from engine.roofline.measure import measured_limits
@@ -58,8 +60,12 @@ class LLMEngine(EngineCore):
         if self.num_kv_tokens < max_model_len:
             raise ValueError(f"the KV cache holds {self.num_kv_tokens} tokens, fewer than max_model_len "
                              f"{max_model_len}: raise --kv-cache-memory or lower --max-model-len")
+        native_kernels = kernels() if config.native_kernels and self.device.type == "cpu" else None
+        for module in self.model.modules():
+            if isinstance(module, RMSNorm):
+                module.native = native_kernels  # fused add + RMSNorm
         backend = create_backend(self.platform.attention_backend, arch.num_heads, arch.num_kv_heads, arch.head_dim,
-                                 config.block_size, native_decode=config.native_kernels and self.device.type == "cpu")
+                                 config.block_size, native_decode=native_kernels is not None)
         kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks), self.dtype, self.device)
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
@@ -73,8 +79,8 @@ class LLMEngine(EngineCore):
         self.step_observer = StepRoofline(RooflineModel(arch, element_bytes, element_bytes, element_bytes),
                                           self.machine_limits)
         logger.info("model %s on %s", self.model_dir, self.platform.describe(config.max_num_seqs))
-        logger.info("decode attention: %s", "the native CPU kernel" if getattr(backend, "native", None) is not None
-                    else "torch ops")
+        logger.info("native CPU kernels (decode attention, fused add + RMSNorm): %s",
+                    "on" if native_kernels is not None else "off, torch ops")
         logger.info("batch-invariant rows: %s", describe_invariance(invariance))
         logger.info("KV cache %d blocks x %d = %d tokens, max_model_len %d", num_blocks, config.block_size,
                     self.num_kv_tokens, max_model_len)

@@ -2,9 +2,11 @@
 
 `kernels()` returns the compiled module, or None when it cannot be built (no compiler, a
 failed build) or is turned off (`LLM_NATIVE_KERNELS=0`); callers then use their torch path,
-and the reason is logged once. The build goes to `~/.cache/llm-serve/native/<key>` where the key
-names the torch version, the source's hash and the CPU's flags, so another machine or a changed
-kernel builds again and everything else loads in a second.
+and the reason is logged once. The engine hands the module to the layers that use it (the
+attention backend, the model's RMSNorms) when `--native-kernels` is on and the device is a CPU.
+The build goes to `~/.cache/llm-serve/native/<key>` where the key names the torch version, the
+sources' hash and the CPU's flags, so another machine or a changed kernel builds again and
+everything else loads in a second.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("csrc") / "decode_attention.cpp"]
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decode_attention.cpp", "rms_norm.cpp")]
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd"]
 
 
@@ -63,3 +65,4 @@ def kernels() -> ModuleType | None:
         return None
     logger.info("native CPU kernels loaded from %s", directory)
     return module
+

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine.attention.torch_paged import TorchPagedBackend, TorchPagedMetadata
+from engine.models.layers import RMSNorm
 from engine.native import kernels
 
 native = kernels()
@@ -76,3 +77,24 @@ def test_a_row_does_not_depend_on_the_batch():
     for i in range(len(seq_lens)):
         alone = native.paged_decode_attention(q[i:i + 1], k_cache, v_cache, tables[i:i + 1], seq_lens[i:i + 1], 0.125)
         assert torch.equal(alone[0], together[i])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_fused_add_rms_norm_matches_the_torch_path(dtype, with_residual):
+    g = torch.Generator().manual_seed(1)
+    norm = RMSNorm(576, 1e-5)
+    norm.weight.data = (1 + 0.1 * torch.randn(576, generator=g))
+    norm = norm.to(dtype)
+    for rows in (1, 7, 64, 300):
+        x = (3 * torch.randn(rows, 576, generator=g)).to(dtype)
+        residual = torch.randn(rows, 576, generator=g).to(dtype) if with_residual else None
+        want = norm(x, residual)
+        got = native.fused_add_rms_norm(x, residual, norm.weight.detach(), norm.eps)
+        want_out, want_sum = want if with_residual else (want, x)
+        assert torch.equal(got[1], want_sum), "the residual sum rounds as the torch path's"
+        relative = ((got[0].float() - want_out.float()).abs().max() / want_out.float().abs().max()).item()
+        assert relative < (1e-5 if dtype == torch.float32 else 1e-2), f"{rows} rows: {relative:.2e}"
+        alone = native.fused_add_rms_norm(x[-1:], None if residual is None else residual[-1:], norm.weight.detach(),
+                                          norm.eps)
+        assert torch.equal(alone[0][0], got[0][-1]), "a row does not depend on the others"

@@ -8,7 +8,7 @@
 // (keys 0..seq_len-1 of each sequence); out [num_seqs, heads, head_dim], q's dtype. Scores,
 // softmax and the weighted sum are float32; each split's work depends only on its own sequence,
 // so a row's result does not depend on the batch.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -115,9 +115,9 @@ void attend_split(const T* q, const T* k_cache, const T* v_cache, const int32_t*
 }
 
 template <typename T>
-void decode_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                           const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale,
-                           torch::Tensor& out) {
+void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
+                           at::Tensor& out) {
   const int64_t num_seqs = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_kv_heads = k_cache.size(0), block_size = k_cache.size(2);
   const int64_t group = num_heads / num_kv_heads;
@@ -129,10 +129,10 @@ void decode_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   for (int64_t s = 0; s < num_seqs; ++s)
     first_split[s + 1] = first_split[s] + std::max<int64_t>(1, (lens[s] + kSplitKeys - 1) / kSplitKeys);
   const int64_t num_splits = first_split[num_seqs];
-  auto opts = torch::TensorOptions().dtype(torch::kFloat32);
-  torch::Tensor acc = torch::empty({num_splits, num_kv_heads, group, head_dim}, opts);
-  torch::Tensor maxes = torch::empty({num_splits, num_kv_heads, group}, opts);
-  torch::Tensor sums = torch::empty({num_splits, num_kv_heads, group}, opts);
+  auto opts = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor acc = at::empty({num_splits, num_kv_heads, group, head_dim}, opts);
+  at::Tensor maxes = at::empty({num_splits, num_kv_heads, group}, opts);
+  at::Tensor sums = at::empty({num_splits, num_kv_heads, group}, opts);
   const T* qp = q.data_ptr<T>();
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
@@ -178,31 +178,27 @@ void decode_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   });
 }
 
-torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                                     const torch::Tensor& v_cache, const torch::Tensor& block_tables,
-                                     const torch::Tensor& seq_lens, double scale) {
+}  // namespace
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                     const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                     const at::Tensor& seq_lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "bad shapes");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "inputs must be contiguous");
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32,
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
               "block_tables and seq_lens must be int32");
   TORCH_CHECK(q.size(1) % k_cache.size(0) == 0 && q.size(1) / k_cache.size(0) <= kMaxGroup, "unsupported GQA group");
   TORCH_CHECK(q.size(2) <= kMaxHeadDim && q.size(2) == k_cache.size(3), "unsupported head_dim");
   TORCH_CHECK(k_cache.size(2) <= 64, "block_size above 64");
   auto tables = block_tables.contiguous();
   auto lens = seq_lens.contiguous();
-  auto out = torch::empty_like(q);
-  if (q.scalar_type() == torch::kBFloat16) {
+  auto out = at::empty_like(q);
+  if (q.scalar_type() == at::kBFloat16) {
     decode_attention_impl<at::BFloat16>(q, k_cache, v_cache, tables, lens, scale, out);
-  } else if (q.scalar_type() == torch::kFloat32) {
+  } else if (q.scalar_type() == at::kFloat) {
     decode_attention_impl<float>(q, k_cache, v_cache, tables, lens, scale, out);
   } else {
     TORCH_CHECK(false, "paged_decode_attention: float32 or bfloat16");
   }
   return out;
-}
-
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention (CPU)");
 }

@@ -1,0 +1,141 @@
+// Fused residual add + RMSNorm on the CPU, one pass per row: the same arithmetic as the torch
+// path (engine/models/layers.py RMSNorm) with its rounding points kept:
+//
+//     sum = dtype(x + residual)                       (also returned: the next residual)
+//     out = dtype(weight * dtype(float(sum) * rsqrt(mean(float(sum)^2) + eps)))
+//
+// Shapes: x, residual [rows, hidden] contiguous (residual may be absent: then sum = x);
+// weight [hidden]. Each row is reduced on its own in a fixed order, so a row's result does not
+// depend on the other rows.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <tuple>
+
+namespace {
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// float32 lanes rounded to bfloat16 as c10::BFloat16 does (nearest, ties to even; NaN kept), as
+// the 32-bit patterns of the rounded values
+inline __m512i bf16_bits(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_blend_epi32(nan, _mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))),
+                                 _mm512_set1_epi32(0x7FC00000));
+}
+
+// v rounded to T and back to float32 lanes
+template <typename T>
+inline __m512 round_to(__m512 v);
+template <>
+inline __m512 round_to<float>(__m512 v) { return v; }
+template <>
+inline __m512 round_to<at::BFloat16>(__m512 v) { return _mm512_castsi512_ps(bf16_bits(v)); }
+
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(at::BFloat16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_bits(v), 16)));
+}
+
+template <typename T>
+void rms_norm_row_avx512(const T* xr, const T* rr, const T* weight, T* o, T* sr, int64_t hidden, float eps) {
+  __m512 squares = _mm512_setzero_ps();
+  for (int64_t d = 0; d < hidden; d += 16) {
+    __m512 s = load16(xr + d);
+    if (rr != nullptr) {
+      s = round_to<T>(_mm512_add_ps(s, load16(rr + d)));
+      store16(sr + d, s);
+    }
+    squares = _mm512_fmadd_ps(s, s, squares);
+  }
+  const __m512 scale =
+      _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(hidden) + eps));
+  const T* sum = rr != nullptr ? sr : xr;
+  for (int64_t d = 0; d < hidden; d += 16) {
+    const __m512 normed = round_to<T>(_mm512_mul_ps(load16(sum + d), scale));
+    store16(o + d, _mm512_mul_ps(load16(weight + d), normed));
+  }
+}
+#endif
+
+template <typename T>
+void rms_norm_rows(const T* x, const T* residual, const T* weight, T* out, T* sum_out, int64_t rows,
+                   int64_t hidden, float eps) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / hidden), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+#if defined(__AVX512F__)
+      if (hidden % 16 == 0) {
+        rms_norm_row_avx512(x + r * hidden, residual == nullptr ? nullptr : residual + r * hidden, weight,
+                            out + r * hidden, sum_out + r * hidden, hidden, eps);
+        continue;
+      }
+#endif
+      const T* xr = x + r * hidden;
+      T* sr = sum_out + r * hidden;
+      float squares = 0.f;
+      if (residual != nullptr) {
+        const T* rr = residual + r * hidden;
+#pragma omp simd reduction(+ : squares)
+        for (int64_t d = 0; d < hidden; ++d) {
+          const T s = static_cast<T>(static_cast<float>(xr[d]) + static_cast<float>(rr[d]));
+          sr[d] = s;
+          const float f = static_cast<float>(s);
+          squares += f * f;
+        }
+      } else {
+#pragma omp simd reduction(+ : squares)
+        for (int64_t d = 0; d < hidden; ++d) {
+          const float f = static_cast<float>(xr[d]);
+          squares += f * f;
+        }
+        sr = const_cast<T*>(xr);
+      }
+      const float scale = 1.f / std::sqrt(squares / static_cast<float>(hidden) + eps);
+      T* o = out + r * hidden;
+#pragma omp simd
+      for (int64_t d = 0; d < hidden; ++d) {
+        const T normed = static_cast<T>(static_cast<float>(sr[d]) * scale);
+        o[d] = static_cast<T>(static_cast<float>(weight[d]) * static_cast<float>(normed));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
+                                                      const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x: [rows, hidden], contiguous");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
+              "weight: [hidden] in x's dtype");
+  const bool has_residual = residual.has_value() && residual->defined();
+  if (has_residual)
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->is_contiguous() && residual->scalar_type() == x.scalar_type(),
+                "residual: like x");
+  auto w = weight.contiguous();
+  auto out = at::empty_like(x);
+  auto sum = has_residual ? at::empty_like(x) : x;
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  if (x.scalar_type() == at::kBFloat16) {
+    rms_norm_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), has_residual ? residual->data_ptr<at::BFloat16>() : nullptr,
+                                w.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), sum.data_ptr<at::BFloat16>(),
+                                rows, hidden, static_cast<float>(eps));
+  } else if (x.scalar_type() == at::kFloat) {
+    rms_norm_rows<float>(x.data_ptr<float>(), has_residual ? residual->data_ptr<float>() : nullptr, w.data_ptr<float>(),
+                         out.data_ptr<float>(), sum.data_ptr<float>(), rows, hidden, static_cast<float>(eps));
+  } else {
+    TORCH_CHECK(false, "fused_add_rms_norm: float32 or bfloat16");
+  }
+  return {out, sum};
+}
