@@ -10,11 +10,11 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from common.engine_config import EngineConfig
+from engine.cpuinfo import cpuinfo_field
 from engine.host_limits import available_host_memory, limit_torch_threads
 from engine.malloc import keep_freed_memory
 from engine.models.linear import LinearMethod, OneDnnPackedMethod
@@ -156,10 +156,4 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return set()
+    return set((cpuinfo_field("flags") or "").split())

@@ -18,6 +18,8 @@ import platform
 from pathlib import Path
 from types import ModuleType
 
+from engine.cpuinfo import cpuinfo_field
+
 logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decode_attention.cpp", "rms_norm.cpp")]
@@ -25,13 +27,7 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp-simd"]
 
 
 def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    return cpuinfo_field("flags") or platform.processor()
 
 
 def build_directory() -> Path:

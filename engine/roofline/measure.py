@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from engine.bench.limits import gemm_flops, memory_bandwidth
+from engine.cpuinfo import cpuinfo_field
 from engine.roofline.machine import MachineLimits
 
 logger = logging.getLogger(__name__)
@@ -34,13 +35,7 @@ def default_cache_path() -> Path:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    return cpuinfo_field("model name") or "unknown CPU"
 
 
 def cache_key(device: torch.device, dtype: torch.dtype) -> str:
