@@ -23,6 +23,7 @@ from engine.cpuinfo import cpuinfo_field
 logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decode_attention.cpp", "rms_norm.cpp")]
+HEADERS = [Path(__file__).with_name("csrc") / "vec16.h"]  # included by the sources: part of the build key
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd"]
 
 
@@ -34,7 +35,7 @@ def build_directory() -> Path:
     import torch
 
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in [*SOURCES, *HEADERS]:
         digest.update(source.read_bytes())
     digest.update(" ".join(CFLAGS).encode())
     digest.update(_cpu_flags().encode())

@@ -196,7 +196,8 @@ class ModelRunner:
         num_reqs = len(request_ids)
         rows = np.fromiter((b.row_of[r] for r in request_ids), np.int64, num_reqs)
         query_lens = np.fromiter(so.num_scheduled_tokens.values(), np.int64, num_reqs)
-        invariant: np.ndarray | None = b.batch_invariant[rows] if b.batch_invariant[rows].any() else None
+        asks = b.batch_invariant[rows]
+        invariant: np.ndarray | None = asks if asks.any() else None
         order = self.backend.order_requests(query_lens, invariant)
         if order is not None:
             rows, query_lens = rows[order], query_lens[order]

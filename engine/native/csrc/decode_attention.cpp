@@ -11,7 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <immintrin.h>
+#include "vec16.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,12 +28,7 @@ template <typename T>
 inline float to_float(T x) { return static_cast<float>(x); }
 
 #if defined(__AVX512F__)
-// 16 elements as float32 lanes
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const at::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
+using llm_serve::load16;
 #endif
 
 // sum over d of a[d] * b[d] (a float32, b the cache's type)

@@ -10,7 +10,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <immintrin.h>
+#include "vec16.h"
 
 #include <cmath>
 #include <tuple>
@@ -18,11 +18,7 @@
 namespace {
 
 #if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const at::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
+using llm_serve::load16;
 
 // float32 lanes rounded to bfloat16 as c10::BFloat16 does (nearest, ties to even; NaN kept), as
 // the 32-bit patterns of the rounded values
