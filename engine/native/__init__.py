@@ -22,9 +22,10 @@ from engine.cpuinfo import cpuinfo_field
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decode_attention.cpp", "rms_norm.cpp")]
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decode_attention.cpp", "rms_norm.cpp",
+                                                                  "quant_linear.cpp")]
 HEADERS = [Path(__file__).with_name("csrc") / "vec16.h"]  # included by the sources: part of the build key
-CFLAGS = ["-O3", "-march=native", "-fopenmp-simd"]
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for is inline, serial without it
 
 
 def _cpu_flags() -> str:
@@ -55,6 +56,7 @@ def kernels() -> ModuleType | None:
         directory = build_directory()
         directory.mkdir(parents=True, exist_ok=True)
         module = load(name="llm_serve_cpu_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
+                      extra_ldflags=["-fopenmp"],
                       build_directory=str(directory), verbose=False)
     except Exception as exc:  # no compiler, a failed build: the torch paths still work
         logger.warning("native CPU kernels unavailable, using torch paths: %s: %s", type(exc).__name__,

@@ -1,0 +1,145 @@
+"""A GGUF file's block-quantized matrices as codes, exactly as the file stores them.
+
+The default model ships as a Q4_1 GGUF (layer matrices: 4-bit codes with a float16 scale and
+minimum per group of 32 inputs; the tied embedding: Q8_0, 8-bit codes with one float16 scale per
+32). `read_group_codes` splits each file block into three tensors a kernel reads directly (codes,
+scales, mins; see `engine/native/csrc/quant_linear.cpp`), under our checkpoint names, so the
+weights a step reads are the shipped ones at a third of bf16's bytes rather than floats inflated
+from them. Nothing is rounded: `dequantize()` gives the same float32 weights transformers'
+GGUF loader writes into the converted folder (a test compares them).
+
+llama.cpp's converter permutes the rows of q and k (RoPE's halves interleaved, per head); the
+rows are put back here. A row permutation moves whole groups, so the codes stay exact.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+GROUP = 32
+PANEL = 8  # output rows the native kernel reads as one stream
+# GGUF tensor type ids (ggml.h): the two block formats read here
+_Q4_1, _Q8_0 = 3, 8
+_BLOCK_BYTES = {_Q4_1: 20, _Q8_0: 34}  # Q4_1: d, m (float16), 16 bytes of nibbles; Q8_0: d, 32 int8
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+@dataclass(frozen=True)
+class GroupCodes:
+    """One [out, in] matrix in groups of 32 inputs. q4_1: w = scale * q + min, q in 0..15, codes
+    uint8 [out, in / 2] (a group's 16 bytes: elements 0..15 in the low nibbles, 16..31 in the high);
+    q8_0: w = scale * q, codes int8 [out, in]. scales, mins: float16 [out, in / 32]."""
+
+    format: str
+    codes: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor | None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.scales.shape[0], self.scales.shape[1] * GROUP
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.mins) if t is not None)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [out, in], as ggml de-quantizes (d * q exact in float32, + m rounded once)."""
+        out, _ = self.shape
+        scales = self.scales.float().unsqueeze(-1)
+        if self.format == "q8_0":
+            return (scales * self.codes.view(out, -1, GROUP).float()).view(out, -1)
+        nibbles = self.codes.view(out, -1, GROUP // 2)
+        q = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1).float()
+        return (scales * q + self.mins.float().unsqueeze(-1)).view(out, -1)  # type: ignore[union-attr]
+
+    def panels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(codes, scales, mins) in the native kernel's layout: panels of 8 output rows, group by
+        group ([out / 8, in / 32, 8, bytes per group] and [out / 8, in / 32, 8]); an empty
+        float16 tensor for Q8_0's mins."""
+        out, inputs = self.shape
+        assert out % PANEL == 0, f"{out} output rows: not a multiple of {PANEL}"
+        groups = inputs // GROUP
+
+        def panel(t: torch.Tensor) -> torch.Tensor:
+            return t.view(out // PANEL, PANEL, groups, -1).transpose(1, 2).contiguous()
+
+        mins = torch.empty(0, dtype=torch.float16) if self.mins is None else panel(self.mins).squeeze(-1)
+        return panel(self.codes), panel(self.scales).squeeze(-1), mins
+
+    def rows(self, index: torch.Tensor) -> GroupCodes:
+        return GroupCodes(self.format, self.codes[index].contiguous(), self.scales[index].contiguous(),
+                          None if self.mins is None else self.mins[index].contiguous())
+
+    @staticmethod
+    def stack(parts: list[GroupCodes]) -> GroupCodes:
+        """Matrices of one format stacked along the output dimension (a merged projection)."""
+        formats = {p.format for p in parts}
+        assert len(formats) == 1, f"a merged layer mixes formats {sorted(formats)}"
+        mins = None if parts[0].mins is None else torch.cat([p.mins for p in parts])  # type: ignore[misc]
+        return GroupCodes(parts[0].format, torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
+                          mins)
+
+
+def read_group_codes(path: Path | str, num_heads: int, num_kv_heads: int) -> dict[str, GroupCodes]:
+    """The Q4_1 / Q8_0 matrices of a llama-architecture GGUF under Hugging Face names
+    (`model.layers.0.self_attn.q_proj.weight`, `model.embed_tokens.weight`, `lm_head.weight`).
+    Tensors in other types (the float32 norms) are left to the converted folder."""
+    from gguf import GGUFReader
+
+    found: dict[str, GroupCodes] = {}
+    for tensor in GGUFReader(str(path)).tensors:
+        kind = int(tensor.tensor_type)
+        if kind not in _BLOCK_BYTES:
+            continue
+        name = _hf_name(tensor.name)
+        if name is None:
+            raise ValueError(f"{path}: no Hugging Face name for the quantized tensor {tensor.name!r}")
+        codes = _split_blocks(np.asarray(tensor.data), kind)
+        heads = num_heads if name.endswith("q_proj.weight") else num_kv_heads if name.endswith("k_proj.weight") else 0
+        if heads:
+            codes = codes.rows(_unpermute_rope_rows(codes.shape[0], heads))
+        found[name] = codes
+    return found
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        return None
+    return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}.weight"
+
+
+def _split_blocks(data: np.ndarray, kind: int) -> GroupCodes:
+    """data: uint8 [out, groups * block_bytes], the file's blocks row by row."""
+    out = data.shape[0]
+    blocks = data.reshape(out, -1, _BLOCK_BYTES[kind])
+    scales = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 0:2]).view(np.float16).reshape(out, -1))
+    if kind == _Q8_0:
+        codes = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).reshape(out, -1))
+        return GroupCodes("q8_0", codes, scales, None)
+    mins = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16).reshape(out, -1))
+    codes = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 4:]).reshape(out, -1))
+    return GroupCodes("q4_1", codes, scales, mins)
+
+
+def _unpermute_rope_rows(rows: int, heads: int) -> torch.Tensor:
+    """Index of GGUF rows in the checkpoint's order. llama.cpp stores a head's rows (half s of
+    2, element j) at j * 2 + s; the checkpoint has them at s * half + j."""
+    head_dim = rows // heads
+    half = head_dim // 2
+    original = torch.arange(rows)
+    head, within = original // head_dim, original % head_dim
+    return head * head_dim + (within % half) * 2 + within // half
