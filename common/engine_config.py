@@ -19,6 +19,11 @@ class EngineConfig:
     load_format: str = opt(
         "auto", "auto: the weights in the folder's *.safetensors; dummy: random weights from its config.json "
                 "alone (shapes and speed only, the text is noise)", choices=("auto", "dummy"))
+    quantization: str = opt(
+        "auto", "auto: the default model runs on its GGUF file's own Q4_1 / Q8_0 codes (at the batch sizes where "
+                "they are faster; larger batches on dense --dtype weights), a model folder on its dense weights; "
+                "gguf: the codes of the default model's GGUF or of a *.gguf in the model folder; none: dense "
+                "--dtype weights", choices=("auto", "gguf", "none"))
     dtype: str = opt("auto", "float32 | bfloat16 | float16 | auto (bfloat16 on CPU and CUDA)")
     device: str = opt("auto", "cpu | cuda | auto")
     max_model_len: int | None = opt(None, "longest prompt + output, in tokens; default: the model's limit")

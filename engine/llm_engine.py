@@ -9,6 +9,9 @@ lifecycle (add_request / abort / step) is EngineCore's.
 from __future__ import annotations
 
 import logging
+from types import ModuleType
+
+import torch
 
 from common.default_model import resolve_model_path
 from common.engine_config import EngineConfig
@@ -19,6 +22,8 @@ from engine.core.engine_core import EngineCore
 from engine.core.scheduler import Scheduler
 from engine.models.config import ModelArch, read_hf_config
 from engine.models.batch_invariance import describe_invariance
+from engine.models.gguf_codes import gguf_file, read_group_codes
+from engine.models.group_quantized import describe_max_rows, measure_max_rows, use_group_codes
 from engine.models.linear import probe_batch_invariance
 from engine.models.layers import RMSNorm
 from engine.models.loader import load_model
@@ -52,6 +57,8 @@ class LLMEngine(EngineCore):
         self.model = load_model(self.model_dir, self.dtype, self.device,
                                 self.platform.linear_method(batch_hint=config.max_num_seqs),
                                 random_weights=config.load_format == "dummy")
+        native_kernels = kernels() if config.native_kernels and self.device.type == "cpu" else None
+        self.quantized = self._use_gguf_codes(config, native_kernels)
         # how batch-invariant rows go through each linear shape (engine/models/batch_invariance.py)
         invariance = probe_batch_invariance(self.model, self.dtype, self.device, config.max_num_batched_tokens,
                                             config.max_num_batched_tokens)
@@ -60,7 +67,6 @@ class LLMEngine(EngineCore):
         if self.num_kv_tokens < max_model_len:
             raise ValueError(f"the KV cache holds {self.num_kv_tokens} tokens, fewer than max_model_len "
                              f"{max_model_len}: raise --kv-cache-memory or lower --max-model-len")
-        native_kernels = kernels() if config.native_kernels and self.device.type == "cpu" else None
         for module in self.model.modules():
             if isinstance(module, RMSNorm):
                 module.native = native_kernels  # fused add + RMSNorm
@@ -85,6 +91,26 @@ class LLMEngine(EngineCore):
         logger.info("KV cache %d blocks x %d = %d tokens, max_model_len %d", num_blocks, config.block_size,
                     self.num_kv_tokens, max_model_len)
         logger.info("machine limits (roofline metrics): %s", self.machine_limits.describe())
+
+    def _use_gguf_codes(self, config: EngineConfig, native: ModuleType | None) -> bool:
+        """Run the linear layers on the GGUF's codes where asked (--quantization) and possible."""
+        gguf_path = gguf_file(config, self.model_dir)
+        if gguf_path is None:
+            return False
+        why_not = ("the native CPU kernels are off or failed to build" if native is None else
+                   f"the codes' kernel takes float32 or bfloat16, not {self.dtype}"
+                   if self.dtype not in (torch.float32, torch.bfloat16) else None)
+        if why_not is not None:
+            if config.quantization == "gguf":
+                raise ValueError(f"--quantization gguf: {why_not}")
+            logger.warning("dense weights: %s", why_not)
+            return False
+        arch = self.model.arch
+        dense_left = use_group_codes(self.model, read_group_codes(gguf_path, arch.num_heads, arch.num_kv_heads), native)
+        max_rows = measure_max_rows(self.model, self.dtype, config.max_num_seqs)
+        logger.info("linear layers on the codes of %s: %s; dense: %s", gguf_path.name, describe_max_rows(max_rows),
+                    ", ".join(dense_left) or "none")
+        return True
 
     def _num_kv_blocks(self, config: EngineConfig, arch: ModelArch, max_model_len: int) -> int:
         budget = self.platform.kv_cache_budget(config)

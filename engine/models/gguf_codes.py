@@ -20,6 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.default_model import find_gguf
+from common.engine_config import EngineConfig
+
 GROUP = 32
 PANEL = 8  # output rows the native kernel reads as one stream
 # GGUF tensor type ids (ggml.h): the two block formats read here
@@ -87,6 +90,20 @@ class GroupCodes:
         mins = None if parts[0].mins is None else torch.cat([p.mins for p in parts])  # type: ignore[misc]
         return GroupCodes(parts[0].format, torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
                           mins)
+
+
+def gguf_file(config: EngineConfig, model_dir: Path) -> Path | None:
+    """The GGUF whose codes the engine runs on (--quantization), or None: dense weights."""
+    if config.quantization == "none" or config.load_format == "dummy":
+        return None
+    if config.model is None:
+        return find_gguf()
+    if config.quantization == "auto":
+        return None  # a model folder keeps its checkpoint's dtype unless asked
+    files = sorted(Path(model_dir).glob("*.gguf"))
+    if not files:
+        raise ValueError(f"--quantization gguf: no *.gguf file in {model_dir}")
+    return files[0]
 
 
 def read_group_codes(path: Path | str, num_heads: int, num_kv_heads: int) -> dict[str, GroupCodes]:

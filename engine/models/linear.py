@@ -40,6 +40,11 @@ class LinearMethod:
         """The weight as a plain [out, in] tensor (for row lookups such as the LM head's)."""
         return layer.weight
 
+    def float32_logits(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
+        """float32 outputs accumulated in float32 from unrounded weights, where the method has
+        them at no extra cost (an LM head then needs no tie refinement); None: it has not."""
+        return None
+
 
 class OneDnnPackedMethod(LinearMethod):
     """Weights reordered once into oneDNN's blocked layout for a typical batch size (bf16 uses the
