@@ -24,7 +24,7 @@ from engine.models.config import ModelArch, read_hf_config
 from engine.models.batch_invariance import describe_invariance
 from engine.models.gguf_codes import gguf_file, read_group_codes
 from engine.models.group_quantized import describe_max_rows, measure_max_rows, use_group_codes
-from engine.models.linear import probe_batch_invariance
+from engine.models.linear import Linear, probe_batch_invariance, weight_bytes_per_step
 from engine.models.layers import RMSNorm
 from engine.models.loader import load_model
 from engine.native import kernels
@@ -81,8 +81,13 @@ class LLMEngine(EngineCore):
                              config.max_num_batched_tokens, max_model_len, self.device, self.eos_token_ids,
                              config.seed)
         super().__init__(scheduler, runner, arch.vocab_size, max_model_len, config.batch_invariant)
-        element_bytes = self.dtype.itemsize  # weights, KV cache and activations are all in the engine's dtype
-        self.step_observer = StepRoofline(RooflineModel(arch, element_bytes, element_bytes, element_bytes),
+        element_bytes = self.dtype.itemsize  # the KV cache and activations are in the engine's dtype
+        # weights: bytes per element as a decode step reads them (the codes' where they run; a
+        # batch above the crossover reads the dense weights, more than this counts)
+        linears = [m for m in self.model.modules() if isinstance(m, Linear)]
+        weight_bytes = weight_bytes_per_step(self.model, 1, self.dtype) / sum(m.input_size * m.output_size
+                                                                            for m in linears)
+        self.step_observer = StepRoofline(RooflineModel(arch, weight_bytes, element_bytes, element_bytes),
                                           self.machine_limits)
         logger.info("model %s on %s", self.model_dir, self.platform.describe(config.max_num_seqs))
         logger.info("native CPU kernels (decode attention, fused add + RMSNorm): %s",
@@ -105,6 +110,7 @@ class LLMEngine(EngineCore):
                 raise ValueError(f"--quantization gguf: {why_not}")
             logger.warning("dense weights: %s", why_not)
             return False
+        assert native is not None
         arch = self.model.arch
         dense_left = use_group_codes(self.model, read_group_codes(gguf_path, arch.num_heads, arch.num_kv_heads), native)
         max_rows = measure_max_rows(self.model, self.dtype, config.max_num_seqs)

@@ -29,6 +29,7 @@ from engine.bench.runs import RunResult, run_hf_generate, run_hf_generate_batch
 from engine.bench.workloads import build_engine, random_prompts, run_ours
 from engine.llm_engine import LLMEngine
 from engine.models.config import ModelArch
+from engine.models.linear import weight_bytes_per_step
 
 
 def linear_params(arch: ModelArch) -> int:
@@ -106,8 +107,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def report(engine: LLMEngine, args, r: dict[str, RunResult], bandwidth: float, gemm: float) -> None:
     arch = engine.model.arch
-    elem = torch.empty((), dtype=engine.dtype).element_size()
-    weight_bytes = linear_params(arch) * elem
+    weight_bytes = weight_bytes_per_step(engine.model, 1, engine.dtype)  # the codes' bytes where they run
     hf_n = max((r[k] for k in ("hf_n", "hf_cb_n") if k in r), key=lambda x: x.output_tps)
     hf_n_name = "generate_batch" if hf_n is r.get("hf_cb_n") else "generate"
     ctx = args.prompt_len + args.output_len // 2

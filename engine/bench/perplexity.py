@@ -30,19 +30,21 @@ from engine.core.outputs import NewRequestData, SchedulerOutput
 from engine.core.request import Request
 from engine.llm_engine import LLMEngine
 from engine.models.group_quantized import GroupQuantizedMethod
+from engine.runner.model_runner import ModelRunner
 
 TEXT = Path(__file__).with_name("data") / "perplexity.txt"
-FORMATS = {
-    "gguf-bf16": {"quantization": "gguf", "dtype": "bfloat16"},
-    "gguf-f32": {"quantization": "gguf", "dtype": "float32"},
-    "dense-bf16": {"quantization": "none", "dtype": "bfloat16"},
-    "dense-f32": {"quantization": "none", "dtype": "float32"},
+FORMATS = {  # name -> (--quantization, --dtype)
+    "gguf-bf16": ("gguf", "bfloat16"),
+    "gguf-f32": ("gguf", "float32"),
+    "dense-bf16": ("none", "bfloat16"),
+    "dense-f32": ("none", "float32"),
 }
 
 
 def build_engine(fmt: str, window: int) -> LLMEngine:
+    quantization, dtype = FORMATS[fmt]
     engine = LLMEngine(EngineConfig(device="cpu", kv_cache_memory=64 << 20, max_model_len=max(window, 64),
-                                    max_num_batched_tokens=max(window, 64), **FORMATS[fmt]))
+                                    max_num_batched_tokens=max(window, 64), quantization=quantization, dtype=dtype))
     for module in engine.model.modules():
         method = getattr(module, "method", None)
         if isinstance(method, GroupQuantizedMethod):
@@ -63,6 +65,7 @@ def window_nll(engine: LLMEngine, ids: list[int], request_id: str) -> tuple[floa
     request = Request(request_id, ids, SamplingParams(max_tokens=1), 1)
     assert engine.block_manager.allocate(request, len(ids)) == len(ids), "KV cache too small for one window"
     runner = engine.runner
+    assert isinstance(runner, ModelRunner)
     step = SchedulerOutput([NewRequestData(request_id, list(ids), len(ids), request.params, list(request.block_ids),
                                            0)], [], {request_id: len(ids)})
     with torch.inference_mode():

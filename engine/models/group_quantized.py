@@ -12,6 +12,7 @@ dtype: above the crossover a row sees those rounded weights.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from torch import nn
 
 from engine.models.batch_invariance import invariant_rows_start
 from engine.models.gguf_codes import PANEL, GroupCodes
-from engine.models.linear import Linear, LinearMethod
+from engine.models.linear import Linear, LinearMethod, MergedLinear
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,9 @@ class GroupQuantizedMethod(LinearMethod):
     def dense_weight(self, layer: Linear) -> torch.Tensor:
         return self.dense.dense_weight(layer)
 
+    def weight_bytes_read(self, layer: Linear, rows: int, dtype: torch.dtype) -> int:
+        return self.nbytes if rows <= self.max_rows else self.dense.weight_bytes_read(layer, rows, dtype)
+
 
 def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: ModuleType) -> list[str]:
     """Give every linear layer with codes for all its checkpoint matrices a GroupQuantizedMethod;
@@ -81,7 +85,8 @@ def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: Modu
         sources = [f"model.{name}.weight"]
         shards = [m for m, (merged, _) in mapping.items() if name.endswith(f".{merged}")]
         if shards:
-            order = list(layer.shard_offsets)  # type: ignore[attr-defined]  # a MergedLinear
+            assert isinstance(layer, MergedLinear), name
+            order = list(layer.shard_offsets)
             shards.sort(key=lambda m: order.index(mapping[m][1]))
             sources = [f"model.{name.rpartition('.')[0]}.{m}.weight" for m in shards]
         elif name == "lm_head":
@@ -117,12 +122,12 @@ def measure_max_rows(model: nn.Module, dtype: torch.dtype, limit: int) -> dict[t
 
 def _crossover(layers: list[Linear], dtype: torch.dtype, limit: int, evict: torch.Tensor) -> int:
     best = 0
-    methods = [layer.method for layer in layers]
+    methods: list[GroupQuantizedMethod] = [layer.method for layer in layers]  # type: ignore[misc]
     for rows in (r for r in CANDIDATE_ROWS if r <= limit):
         x = torch.randn(rows, layers[0].input_size, generator=torch.Generator().manual_seed(rows)).to(dtype)
-        codes = _cold_seconds([lambda m=m: m.apply_codes(x) for m in methods], evict)  # type: ignore[attr-defined]
-        dense = _cold_seconds([lambda m=m, la=la: m.dense.apply(la, x)  # type: ignore[attr-defined]
-                               for m, la in zip(methods, layers)], evict)
+        codes = _cold_seconds([functools.partial(m.apply_codes, x) for m in methods], evict)
+        dense = _cold_seconds([functools.partial(m.dense.apply, la, x) for m, la in zip(methods, layers, strict=True)],
+                              evict)
         if codes >= dense:
             break
         best = rows

@@ -40,6 +40,10 @@ class LinearMethod:
         """The weight as a plain [out, in] tensor (for row lookups such as the LM head's)."""
         return layer.weight
 
+    def weight_bytes_read(self, layer: Linear, rows: int, dtype: torch.dtype) -> int:
+        """Bytes of weights one matmul of `rows` rows reads (the dense matrix in `dtype`)."""
+        return layer.output_size * layer.input_size * dtype.itemsize
+
     def float32_logits(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
         """float32 outputs accumulated in float32 from unrounded weights, where the method has
         them at no extra cost (an LM head then needs no tie refinement); None: it has not."""
@@ -135,6 +139,12 @@ class MergedLinear(Linear):
         start, size = self.shard_offsets[shard_id]
         assert loaded.shape[0] == size, f"shard {shard_id!r}: {loaded.shape[0]} rows, expected {size}"
         param.data[start:start + size].copy_(loaded)
+
+
+def weight_bytes_per_step(model: nn.Module, rows: int, dtype: torch.dtype) -> int:
+    """Bytes of weights a step of `rows` rows reads through the model's linear layers (each once;
+    the LM head too; the embedding lookup and the norms are not counted)."""
+    return sum(m.method.weight_bytes_read(m, rows, dtype) for m in model.modules() if isinstance(m, Linear))
 
 
 def probe_batch_invariance(model: nn.Module, dtype: torch.dtype, device: torch.device, max_rows: int,

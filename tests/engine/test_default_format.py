@@ -61,7 +61,7 @@ def test_greedy_tokens_equal_the_bf16_path_or_part_at_a_near_tie():
         if ours == theirs:
             equal += 1
             continue
-        at = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+        at = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b)
         ids = tok(prompt, add_special_tokens=False)["input_ids"] + ours[:at]
         with torch.no_grad():
             logits = hf(torch.tensor([ids])).logits[0, -1]

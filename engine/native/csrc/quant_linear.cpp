@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -205,8 +206,14 @@ void dispatch_input(const at::Tensor& x, int64_t M, int64_t K, const Weights& w,
 #if defined(__AVX512BF16__)
   if (x.scalar_type() == at::kBFloat16) {
     const at::Tensor xb = x.contiguous();
-    const at::Tensor group_sums = xb.view({M, K / kGroup, kGroup}).sum(-1, false, at::kFloat).contiguous();
-    run<F>(xb.data_ptr<at::BFloat16>(), group_sums.data_ptr<float>(), M, K, w, N, out);
+    const at::BFloat16* xp = xb.data_ptr<at::BFloat16>();
+    // each row's sum over each group, in float32 (Q4_1's "+ m" part): here, not as torch ops,
+    // which would cost more than the sums at decode sizes
+    std::vector<float> group_sums(F == Format::kQ4_1 ? M * w.groups : 0);
+    for (int64_t i = 0; i < static_cast<int64_t>(group_sums.size()); ++i)
+      group_sums[i] = _mm512_reduce_add_ps(_mm512_add_ps(llm_serve::load16(xp + i * kGroup),
+                                                         llm_serve::load16(xp + i * kGroup + 16)));
+    run<F>(xp, group_sums.data(), M, K, w, N, out);
     return;
   }
 #endif
