@@ -40,6 +40,7 @@ bench-engine: install
 docker-test: install
 	PYTHON=$(abspath $(PY)) bash deploy/docker-test.sh
 
-# Our server vs `transformers serve --continuous-batching`: one interleaved loadtest sweep.
+# Our server vs `transformers serve --continuous-batching` and llama.cpp's llama-server (built
+# once into /tmp/peers, about 12 minutes): interleaved loadtest sweeps, greedy and sampled.
 bench: install
-	$(PY) -m loadtest.bench_servers
+	LLAMA_SERVER=$$(bash deploy/build-llama-server.sh /tmp/peers | tail -n 1) $(PY) -m loadtest.bench_servers

@@ -26,6 +26,7 @@ from engine.models.gguf_codes import gguf_file, read_group_codes
 from engine.models.group_quantized import describe_max_rows, measure_max_rows, use_group_codes
 from engine.models.linear import Linear, probe_batch_invariance, weight_bytes_per_step
 from engine.models.layers import RMSNorm
+from engine.models.llama import MLP
 from engine.models.loader import load_model
 from engine.native import kernels
 from engine.platform import Platform
@@ -68,8 +69,8 @@ class LLMEngine(EngineCore):
             raise ValueError(f"the KV cache holds {self.num_kv_tokens} tokens, fewer than max_model_len "
                              f"{max_model_len}: raise --kv-cache-memory or lower --max-model-len")
         for module in self.model.modules():
-            if isinstance(module, RMSNorm):
-                module.native = native_kernels  # fused add + RMSNorm
+            if isinstance(module, RMSNorm | MLP):
+                module.native = native_kernels  # fused add + RMSNorm, silu-and-mul
         backend = create_backend(self.platform.attention_backend, arch.num_heads, arch.num_kv_heads, arch.head_dim,
                                  config.block_size, native_decode=native_kernels is not None)
         kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks), self.dtype, self.device)
@@ -90,7 +91,7 @@ class LLMEngine(EngineCore):
         self.step_observer = StepRoofline(RooflineModel(arch, weight_bytes, element_bytes, element_bytes),
                                           self.machine_limits)
         logger.info("model %s on %s", self.model_dir, self.platform.describe(config.max_num_seqs))
-        logger.info("native CPU kernels (decode attention, fused add + RMSNorm): %s",
+        logger.info("native CPU kernels (decode attention, RoPE + KV write, add + RMSNorm, silu-and-mul): %s",
                     "on" if native_kernels is not None else "off, torch ops")
         logger.info("batch-invariant rows: %s", describe_invariance(invariance))
         logger.info("KV cache %d blocks x %d = %d tokens, max_model_len %d", num_blocks, config.block_size,

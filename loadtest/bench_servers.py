@@ -1,15 +1,27 @@
-"""`make bench`: our server vs `transformers serve --continuous-batching`, same model, one run.
+"""`make bench`: our server vs its peers on the same model, one interleaved run.
 
-    python -m loadtest.bench_servers [--concurrency 1,8,32] [--num-prompts 32] [--output-dir DIR]
+    python -m loadtest.bench_servers [--peers transformers,llama-server] [--concurrency 1,8,32]
+        [--num-prompts 32] [--sampling greedy,sampled] [--llama-server PATH] [--output-dir DIR]
 
-Starts both servers on free loopback ports (same dtype, CPU), runs one interleaved comparison
-sweep with `python -m loadtest` (A, B, A, B rounds within each concurrency level), then stops
-both. Results (table, JSON, PNG plots, server logs) land in the output directory.
+Starts every server on a free loopback port (CPU), runs one interleaved comparison sweep per
+sampling mode with `python -m loadtest` (A, B, C, A, B, C rounds within each concurrency level),
+then stops them. Results (table, JSON, PNG plots, server logs) land in the output directory, one
+subfolder per sampling mode. Peers:
+
+  transformers   `transformers serve --continuous-batching` on the converted folder, same dtype
+  llama-server   llama.cpp's server on the package's own GGUF (Q4_1 / Q8_0, the weights we run),
+                 one slot per request of the largest concurrency, all CPU threads; the binary
+                 from --llama-server, $LLAMA_SERVER, or the default path of
+                 deploy/build-llama-server.sh (which builds it in about 12 minutes; `make bench`
+                 runs it first). Left out, with a line saying so, when no binary is found.
+
+Sampling modes: greedy (temperature 0) and sampled (temperature 0.8, top_p 0.95).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import sys
 from pathlib import Path
 
@@ -17,46 +29,88 @@ from loadtest.cli import main as loadtest_main
 from loadtest.servers import ManagedServer, free_port
 
 START_TIMEOUT_S = 600
+DEFAULT_LLAMA_SERVER = Path("/tmp/peers/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server")
+SAMPLING = {"greedy": ["--temperature", "0"], "sampled": ["--temperature", "0.8", "--top-p", "0.95"]}
+LLAMA_CONTEXT_PER_SLOT = 512  # tokens: a 128-token prompt in its chat template plus 128 new ones fit
+
+
+def llama_server_binary(given: str | None) -> Path | None:
+    for candidate in (given, os.environ.get("LLAMA_SERVER"), DEFAULT_LLAMA_SERVER):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    return None
+
+
+def _peer(name: str, args, model_dir: Path, out: Path) -> ManagedServer | None:
+    port = free_port()
+    if name == "transformers":
+        transformers_cli = str(Path(sys.executable).parent / "transformers")  # the console script beside python
+        return ManagedServer("transformers", [transformers_cli, "serve", str(model_dir), "--continuous-batching",
+                                              "--port", str(port), "--dtype", args.dtype, "--device", "cpu"],
+                             port, out, env={"HF_HUB_OFFLINE": "1"})
+    if name == "llama-server":
+        binary = llama_server_binary(args.llama_server)
+        if binary is None:
+            print("llama-server left out: no binary (build it with deploy/build-llama-server.sh, or give "
+                  "--llama-server PATH / $LLAMA_SERVER)")
+            return None
+        from common.default_model import find_gguf
+
+        slots = max(int(c) for c in args.concurrency.split(","))
+        return ManagedServer("llama-server", [str(binary), "-m", str(find_gguf()), "--host", "127.0.0.1",
+                                              "--port", str(port), "-c", str(slots * LLAMA_CONTEXT_PER_SLOT),
+                                              "-np", str(slots), "-t", str(os.cpu_count() or 1), "--jinja"],
+                             port, out)
+    raise ValueError(f"unknown peer {name!r}: transformers or llama-server")
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m loadtest.bench_servers") -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peers", default="transformers,llama-server")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--num-prompts", type=int, default=32, help="measured requests per level and server")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="bfloat16", help="ours and transformers (ours runs the GGUF codes where "
+                                                        "they are faster, as by default)")
+    ap.add_argument("--sampling", default="greedy,sampled", help=f"modes to sweep, of {sorted(SAMPLING)}")
+    ap.add_argument("--llama-server", default=None, help="path of the llama-server binary")
     ap.add_argument("--output-dir", default=None)
     args = ap.parse_args(argv)
+    modes = args.sampling.split(",")
+    unknown = [m for m in modes if m not in SAMPLING]
+    if unknown:
+        ap.error(f"unknown sampling mode {unknown[0]!r}: use {', '.join(SAMPLING)}")
 
     from common.default_model import ensure_default_model
 
     model_dir = ensure_default_model()
     out = Path(args.output_dir or f"results/bench-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-    ours_port, hf_port = free_port(), free_port()
-    ours = ManagedServer("ours", [sys.executable, "-m", "server", str(model_dir), "--port", str(ours_port),
-                                  "--dtype", args.dtype, "--device", "cpu", "--max-model-len", "4096",
-                                  "--max-num-seqs", "64", "--served-model-name", "smollm2"], ours_port, out)
-    transformers_cli = str(Path(sys.executable).parent / "transformers")  # the console script beside python
-    hf = ManagedServer("transformers", [transformers_cli, "serve", str(model_dir), "--continuous-batching",
-                                        "--port", str(hf_port), "--dtype", args.dtype, "--device", "cpu"],
-                       hf_port, out, env={"HF_HUB_OFFLINE": "1"})
+    ours_port = free_port()
+    servers = [ManagedServer("ours", [sys.executable, "-m", "server", "--port", str(ours_port), "--dtype", args.dtype,
+                                      "--device", "cpu", "--max-model-len", "4096", "--max-num-seqs", "64",
+                                      "--served-model-name", "smollm2"], ours_port, out)]
     try:
-        for server in (ours, hf):
+        servers += [s for s in (_peer(p, args, model_dir, out) for p in args.peers.split(",") if p) if s is not None]
+        for server in servers:
             server.wait_ready(START_TIMEOUT_S)
-        # Each target is sent its own model id (from its /models). The tokenizer folder sizes
-        # the random prompts in real tokens of this model. No --ignore-eos: transformers serve
-        # answers 422 to that field, so outputs may end early; their lengths come from usage.
-        return loadtest_main([
-            "--target", f"ours={ours.base_url}", "--target", f"transformers={hf.base_url}",
-            "--concurrency", args.concurrency, "--num-prompts", str(args.num_prompts),
-            "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-            "--tokenizer", str(model_dir), "--rounds", str(args.rounds),
-            "--warmup", "2", "--output-dir", str(out),
-        ])
+        code = 0
+        for mode in modes:
+            # Each target is sent its own model id (from its /models). The tokenizer folder sizes
+            # the random prompts in real tokens of this model. No --ignore-eos: transformers serve
+            # answers 422 to that field, so outputs may end early; their lengths come from usage.
+            print(f"\n=== {mode}: {' '.join(SAMPLING[mode])}")
+            targets = [a for s in servers for a in ("--target", f"{s.name}={s.base_url}")]
+            code = code or loadtest_main([
+                *targets, "--concurrency", args.concurrency, "--num-prompts", str(args.num_prompts),
+                "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+                "--tokenizer", str(model_dir), "--rounds", str(args.rounds), *SAMPLING[mode],
+                "--warmup", "2", "--output-dir", str(out / mode),
+            ])
+        return code
     finally:
-        for server in (ours, hf):
+        for server in servers:
             server.stop()
 
 

@@ -33,6 +33,7 @@ def _endpoints(config: LoadTestConfig, targets: list[Target], api_key: str | Non
                     kind=config.endpoint,
                     api_key=api_key,
                     temperature=config.temperature,
+                    top_p=config.top_p,
                     ignore_eos=config.ignore_eos,
                     timeout_s=config.timeout,
                 ),

@@ -38,6 +38,7 @@ class Endpoint:
     kind: str  # "chat" or "completions"
     api_key: str | None = None
     temperature: float = 0.0
+    top_p: float | None = None
     ignore_eos: bool = False
     timeout_s: float = 600.0
 
@@ -64,6 +65,8 @@ class Endpoint:
         # Sent only when asked for: a strict server rejects fields it does not know.
         if self.ignore_eos:
             body["ignore_eos"] = True
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
         return body
 
 

@@ -78,6 +78,7 @@ class LoadTestConfig:
     ignore_eos: bool = opt(False, "send ignore_eos=true (vLLM extension) so every request runs to max_tokens",
                             action="store_true")
     temperature: float = opt(0.0, "sampling temperature sent with every request")
+    top_p: float | None = opt(None, "top_p sent with every request (default: not sent)")
     api_key: str | None = opt(None, "bearer token (default: $OPENAI_API_KEY if set)")
     seed: int = opt(0, "seed of the random prompts and arrival times")
     warmup: int = opt(1, "requests per target sent and discarded before measuring")
@@ -115,6 +116,8 @@ class LoadTestConfig:
             raise ValueError("--request-rate must be > 0")
         if self.temperature < 0:
             raise ValueError("--temperature must be >= 0")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError("--top-p must be in (0, 1]")
 
 
 def build_parser(prog: str = "python -m loadtest") -> argparse.ArgumentParser:

@@ -63,7 +63,16 @@ class AttentionBackend(Protocol):
         ...
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: Any, scale: float) -> torch.Tensor:
+                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: Any, scale: float,
+                kv_written: bool = False) -> torch.Tensor:
         """q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] (this step's,
-        written into the cache here). Returns [num_tokens, heads, head_dim]."""
+        written into the cache here unless `kv_written`). Returns [num_tokens, heads, head_dim]."""
         ...
+
+    def rope_and_write_kv(self, qk: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                          kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: Any,
+                          num_heads: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """RoPE on qk [num_tokens, heads + kv_heads, head_dim] and this step's K/V written to the
+        cache in one fused call: (q, k) rotated, or None where the backend has no such kernel
+        (the model then rotates with torch ops and `forward` writes the cache)."""
+        return None

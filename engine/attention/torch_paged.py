@@ -143,11 +143,20 @@ class TorchPagedBackend:
         return build_invariant_rows(row_start, positions, request_of_row, inputs.block_table, self.block_size,
                                     inputs.positions.device)
 
+    def rope_and_write_kv(self, qk: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                          kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: TorchPagedMetadata,
+                          num_heads: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.native is None or not qk.is_cpu:
+            return None
+        cos, sin = rope  # [num_tokens, 1, head_dim] each, contiguous
+        return self.native.rope_write_kv(qk, v, cos, sin, kv_cache[0], kv_cache[1], metadata.slot_mapping, num_heads)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: TorchPagedMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, kv_written: bool = False) -> torch.Tensor:
         k_cache, v_cache = kv_cache
-        write_kv(k_cache, v_cache, k, v, metadata.slot_mapping)
+        if not kv_written:
+            write_kv(k_cache, v_cache, k, v, metadata.slot_mapping)
         num_single, invariant = metadata.num_single_queries, metadata.invariant
         if num_single == q.shape[0]:
             return self._single_query_attention(q, k_cache, v_cache, metadata, scale)

@@ -65,18 +65,29 @@ class GroupCodes:
         return (scales * q + self.mins.float().unsqueeze(-1)).view(out, -1)  # type: ignore[union-attr]
 
     def panels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(codes, scales, mins) in the native kernel's layout: panels of 8 output rows, group by
-        group ([out / 8, in / 32, 8, bytes per group] and [out / 8, in / 32, 8]); an empty
+        """(codes, scales, mins) in the native kernel's layout: panels of 8 output rows in steps of
+        32 bytes per row ([out / 8, steps, 8, 32]; Q4_1: two groups per step, group 2s in the low
+        nibbles and 2s + 1 in the high ones; Q8_0: one group) and [out / 8, in / 32, 8]; an empty
         float16 tensor for Q8_0's mins."""
         out, inputs = self.shape
-        assert out % PANEL == 0, f"{out} output rows: not a multiple of {PANEL}"
+        assert self.panel_ready, f"{self.shape}: needs a multiple of {PANEL} outputs and an even number of groups"
         groups = inputs // GROUP
 
         def panel(t: torch.Tensor) -> torch.Tensor:
-            return t.view(out // PANEL, PANEL, groups, -1).transpose(1, 2).contiguous()
+            return t.view(out // PANEL, PANEL, t.shape[1], -1).transpose(1, 2).contiguous()
 
+        codes = self.codes.view(out, groups, -1)
+        if self.format == "q4_1":
+            nibbles = codes.view(out, groups, GROUP // 2)
+            q = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1).view(out, groups // 2, 2, GROUP)  # 0..15 each
+            codes = q[:, :, 0] | (q[:, :, 1] << 4)  # [out, groups / 2, 32]
         mins = torch.empty(0, dtype=torch.float16) if self.mins is None else panel(self.mins).squeeze(-1)
-        return panel(self.codes), panel(self.scales).squeeze(-1), mins
+        return panel(codes), panel(self.scales).squeeze(-1), mins
+
+    @property
+    def panel_ready(self) -> bool:
+        out, inputs = self.shape
+        return out % PANEL == 0 and (self.format != "q4_1" or inputs % (2 * GROUP) == 0)
 
     def rows(self, index: torch.Tensor) -> GroupCodes:
         return GroupCodes(self.format, self.codes[index].contiguous(), self.scales[index].contiguous(),

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from engine.models.batch_invariance import invariant_rows_start
-from engine.models.gguf_codes import PANEL, GroupCodes
+from engine.models.gguf_codes import GroupCodes
 from engine.models.linear import Linear, LinearMethod, MergedLinear
 
 logger = logging.getLogger(__name__)
@@ -92,11 +92,14 @@ def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: Modu
         elif name == "lm_head":
             sources = ["model.embed_tokens.weight" if tied else "lm_head.weight"]
         parts = [codes.get(s) for s in sources]
-        if any(p is None for p in parts) or layer.has_bias or layer.output_size % PANEL:
+        if any(p is None for p in parts) or layer.has_bias:
             dense_left.append(name)
             continue
         stacked = GroupCodes.stack(parts)  # type: ignore[arg-type]
         assert stacked.shape == (layer.output_size, layer.input_size), f"{name}: codes {stacked.shape}"
+        if not stacked.panel_ready:  # the kernel's panels and steps do not divide this shape
+            dense_left.append(name)
+            continue
         layer.method = GroupQuantizedMethod(layer.method, stacked, native)
     return dense_left
 

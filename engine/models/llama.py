@@ -8,14 +8,14 @@ layers store and apply their weights through the `LinearMethod` the platform cho
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import paged_attention
+from engine.attention import paged_attention, rope_and_write_kv
 from engine.models.config import ModelArch
 from engine.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from engine.models.linear import Linear, LinearMethod, MergedLinear
@@ -49,9 +49,13 @@ class Attention(nn.Module):
         qk = qkv[:, : self.q_size + self.kv_size].view(n, h + kvh, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
-        q, k = apply_rope(qk, *rope).split((h, kvh), dim=1)
         v = qkv[:, self.q_size + self.kv_size:].view(n, kvh, self.head_dim)
-        o = paged_attention(q, k, v, self.layer_idx, self.scale)
+        fused = rope_and_write_kv(qk, v, rope, self.layer_idx, h)  # one native call where the backend has it
+        if fused is None:
+            q, k = apply_rope(qk, *rope).split((h, kvh), dim=1)
+            o = paged_attention(q, k, v, self.layer_idx, self.scale)
+        else:
+            o = paged_attention(*fused, v, self.layer_idx, self.scale, kv_written=True)
         return self.o_proj(o.reshape(n, self.q_size))
 
 
@@ -62,9 +66,13 @@ class MLP(nn.Module):
         self.gate_up_proj = MergedLinear(arch.hidden_size, {0: arch.intermediate_size, 1: arch.intermediate_size},
                                          bias=False, method=method)
         self.down_proj = Linear(arch.intermediate_size, arch.hidden_size, bias=False, method=method)
+        self.native: Any = None  # the native CPU kernels' module, when the engine turned them on
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.native is not None and gate_up.is_cpu:  # silu and mul in one pass, the same roundings
+            return self.down_proj(self.native.silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

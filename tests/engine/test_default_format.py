@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from real_prompts import QUESTIONS
 from transformers import AutoModelForCausalLM
 
 from common.messages import SamplingParams
@@ -21,13 +22,6 @@ from engine.native import kernels
 
 pytestmark = pytest.mark.skipif(kernels() is None, reason="the native CPU kernels could not be built here")
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "请用中文介绍一下北京。",
-    "List three prime numbers and explain why they are prime.",
-    "def fibonacci(n):",
-]
 NEAR_TIE = 0.15
 
 

@@ -56,7 +56,7 @@ def _run(codes: GroupCodes, x: torch.Tensor, float32_out: bool) -> torch.Tensor:
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize("out,inputs", [(64, 96), (40, 576), (24, 1536)])
+@pytest.mark.parametrize("out,inputs", [(64, 128), (40, 576), (24, 1536)])
 def test_quant_linear_matches_float64(fmt, dtype, tol, out, inputs):
     codes = _random_codes(fmt, out, inputs, seed=out + inputs)
     weight = codes.dequantize().double()
@@ -81,11 +81,14 @@ def test_quant_linear_rows_do_not_depend_on_the_batch(fmt, dtype):
 
 
 def test_quant_linear_refuses_bad_shapes():
+    # Q4_1 steps hold two groups: an odd number of groups (or outputs off the 8-row panels) stays dense
+    assert not _random_codes("q4_1", 16, 96, seed=5).panel_ready and _random_codes("q8_0", 16, 96, seed=5).panel_ready
+    assert not _random_codes("q8_0", 12, 64, seed=5).panel_ready
     codes = _random_codes("q4_1", 16, 64, seed=5)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         native.quant_linear(torch.randn(1, 48), *codes.panels(), "q4_1", False)
     with pytest.raises(RuntimeError, match="codes"):
-        native.quant_linear(torch.randn(1, 96), *codes.panels(), "q4_1", False)
+        native.quant_linear(torch.randn(1, 128), *codes.panels(), "q4_1", False)
 
 
 def test_engine_runs_the_codes_and_agrees_across_the_crossover():

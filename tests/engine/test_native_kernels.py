@@ -98,3 +98,50 @@ def test_fused_add_rms_norm_matches_the_torch_path(dtype, with_residual):
         alone = native.fused_add_rms_norm(x[-1:], None if residual is None else residual[-1:], norm.weight.detach(),
                                           norm.eps)
         assert torch.equal(alone[0][0], got[0][-1]), "a row does not depend on the others"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 2, 128)])
+def test_rope_write_kv_matches_the_torch_path(dtype, heads, kv_heads, head_dim):
+    """RoPE on q and k of strided views of a fused qkv row, and the K/V cache write, against
+    apply_rope + write_kv: bitwise equal (the same rounding points), and only the step's slots
+    of the caches change."""
+    from engine.attention.torch_paged import write_kv
+    from engine.models.layers import RotaryEmbedding, apply_rope
+
+    g = torch.Generator().manual_seed(heads + head_dim)
+    tokens, block_size, num_blocks = 11, 16, 6
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=g).to(dtype)
+    qk = qkv[:, : (heads + kv_heads) * head_dim].view(tokens, heads + kv_heads, head_dim)
+    v = qkv[:, (heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
+    positions = torch.randint(0, 4000, (tokens,), generator=g)
+    rope = RotaryEmbedding(head_dim, 4096, 10000.0, None).cos_sin(positions, dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:tokens]
+    caches = [torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=g).to(dtype) for _ in range(2)]
+    caches += [c.clone() for c in caches]
+    q_ref, k_ref = apply_rope(qk, *rope).split((heads, kv_heads), dim=1)
+    write_kv(caches[0], caches[1], k_ref, v, slots)
+    q, k = native.rope_write_kv(qk, v, *rope, caches[2], caches[3], slots, heads)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_matches_the_torch_path(dtype):
+    """Against F.silu(gate) * up: float32 within 1e-6 relative (the exp differs in its last bits),
+    bfloat16 equal except where such a bit moves a rounding (at most 1 in 1000 elements, one
+    bfloat16 step)."""
+    import torch.nn.functional as F
+
+    x = (torch.randn(7, 2 * 1536, generator=torch.Generator().manual_seed(7)) * 4).to(dtype)
+    x[0, :6] = torch.tensor([-100.0, -88.0, 0.0, 30.0, 90.0, -0.0])  # the clamps of the exp and signed zero
+    gate, up = x.split(1536, dim=-1)
+    ref = F.silu(gate) * up
+    got = native.silu_and_mul(x)
+    assert got.dtype == dtype and got.shape == ref.shape
+    if dtype == torch.float32:
+        assert ((got - ref).abs() / ref.abs().clamp_min(1e-30)).max().item() < 1e-6
+    else:
+        differ = got != ref
+        assert differ.float().mean().item() < 1e-3
+        assert ((got.float() - ref.float()).abs()[differ] <= ref.float().abs()[differ] * 2**-7).all()

@@ -3,18 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from real_prompts import QUESTIONS
 from transformers import AutoModelForCausalLM
 
 from engine.llm import LLM
 from common.messages import SamplingParams
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "请用中文介绍一下北京。",
-    "List three prime numbers and explain why they are prime.",
-    "def fibonacci(n):",
-]
 
 
 @pytest.fixture(scope="module")

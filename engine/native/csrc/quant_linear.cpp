@@ -4,11 +4,14 @@
 //   Q4_1: w[n, k] = d[n, k/32] * q[n, k] + m[n, k/32]   q in 0..15, two per byte
 //   Q8_0: w[n, k] = d[n, k/32] * q[n, k]                q in -128..127
 //
-// Layout ("panels" of 8 output rows, so one tile reads one sequential stream):
-//   codes  uint8 [N/8, K/32, 8, 16] (Q4_1: a group's 16 bytes hold its elements 0..15 in the
-//          low nibbles and 16..31 in the high ones, GGUF's order) or int8 [N/8, K/32, 8, 32] (Q8_0)
+// Layout ("panels" of 8 output rows, so one tile reads one sequential stream, in steps of 32
+// bytes per row):
+//   codes  uint8 [N/8, K/64, 8, 32] (Q4_1: byte i of a step holds element i of group 2s in its
+//          low nibble and element i of group 2s+1 in its high one, so one load and a mask or a
+//          shift give a whole group) or int8 [N/8, K/32, 8, 32] (Q8_0: a group per step)
 //   scales, mins  float16 [N/8, K/32, 8]  (mins: Q4_1 only)
-// x [M, K] float32 or bfloat16 (K a multiple of 32); out [M, N], float32 (logits) or x's dtype.
+// x [M, K] float32 or bfloat16 (K a multiple of 32, of 64 for Q4_1); out [M, N], float32
+// (logits) or x's dtype.
 //
 // The products and sums are float32. bfloat16 inputs meet the codes as bfloat16 integers (exact:
 // |q| <= 128 has at most 8 significant bits) in one VDPBF16PS per group, scaled by d in one FMA;
@@ -34,8 +37,9 @@ constexpr int64_t kPanel = 8;  // output rows per panel
 
 enum class Format { kQ4_1, kQ8_0 };
 
+constexpr int64_t kStepBytes = 32;  // per row per step, both formats
 template <Format F>
-constexpr int64_t group_bytes() { return F == Format::kQ4_1 ? kGroup / 2 : kGroup; }
+constexpr int groups_per_step() { return F == Format::kQ4_1 ? 2 : 1; }
 
 struct Weights {
   const uint8_t* codes;
@@ -51,15 +55,18 @@ inline __m512 load8_halves(const at::Half* p) {
 }
 inline __m512 lane(__m512 v, int j) { return _mm512_permutexvar_ps(_mm512_set1_epi32(j), v); }
 
-// float32 inputs: row j of panel group (p, g) de-quantized into elements 0..15 and 16..31
+// float32 inputs: group i of one row's step de-quantized into elements 0..15 and 16..31
 template <Format F>
-inline void dequant_f32(const uint8_t* group_codes, __m512 d, __m512 m, __m512& lo, __m512& hi) {
+inline void dequant_f32(const uint8_t* step_codes, int i, __m512 d, __m512 m, __m512& lo, __m512& hi) {
+  const auto* q = reinterpret_cast<const __m128i*>(step_codes);
   if constexpr (F == Format::kQ4_1) {
-    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group_codes)));
-    lo = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F))), m);
-    hi = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4)), m);
+    const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128(q)), b = _mm512_cvtepu8_epi32(_mm_loadu_si128(q + 1));
+    const __m512i nibble = _mm512_set1_epi32(0x0F);
+    const __m512i qa = i == 0 ? _mm512_and_si512(a, nibble) : _mm512_srli_epi32(a, 4);
+    const __m512i qb = i == 0 ? _mm512_and_si512(b, nibble) : _mm512_srli_epi32(b, 4);
+    lo = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(qa), m);
+    hi = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(qb), m);
   } else {
-    const auto* q = reinterpret_cast<const __m128i*>(group_codes);
     lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
     hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
   }
@@ -68,21 +75,25 @@ inline void dequant_f32(const uint8_t* group_codes, __m512 d, __m512 m, __m512& 
 // Panel p against R input rows (float32), out[r, p * 8 + j]
 template <Format F, int R, typename Out>
 inline void panel_f32(const float* x, int64_t K, const Weights& w, int64_t p, Out* out, int64_t N) {
+  constexpr int G = groups_per_step<F>();
+  const int64_t steps = w.groups / G;
   __m512 acc[kPanel][R];
   for (int j = 0; j < kPanel; ++j)
     for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < w.groups; ++g) {
-    const int64_t pg = p * w.groups + g;
-    const __m512 d8 = load8_halves(w.scales + pg * kPanel);
-    const __m512 m8 = F == Format::kQ4_1 ? load8_halves(w.mins + pg * kPanel) : _mm512_setzero_ps();
-    const uint8_t* codes = w.codes + pg * kPanel * group_bytes<F>();
-    _mm_prefetch(reinterpret_cast<const char*>(codes + 4 * kPanel * group_bytes<F>()), _MM_HINT_T0);
-    for (int j = 0; j < kPanel; ++j) {
-      __m512 lo, hi;
-      dequant_f32<F>(codes + j * group_bytes<F>(), lane(d8, j), lane(m8, j), lo, hi);
-      for (int r = 0; r < R; ++r)
-        acc[j][r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + r * K + g * kGroup + 16),
-                                    _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + r * K + g * kGroup), acc[j][r]));
+  for (int64_t t = 0; t < steps; ++t) {
+    const uint8_t* codes = w.codes + (p * steps + t) * kPanel * kStepBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(codes + 4 * kPanel * kStepBytes), _MM_HINT_T0);
+    for (int i = 0; i < G; ++i) {
+      const int64_t g = t * G + i, pg = p * w.groups + g;
+      const __m512 d8 = load8_halves(w.scales + pg * kPanel);
+      const __m512 m8 = F == Format::kQ4_1 ? load8_halves(w.mins + pg * kPanel) : _mm512_setzero_ps();
+      for (int j = 0; j < kPanel; ++j) {
+        __m512 lo, hi;
+        dequant_f32<F>(codes + j * kStepBytes, i, lane(d8, j), lane(m8, j), lo, hi);
+        for (int r = 0; r < R; ++r)
+          acc[j][r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + r * K + g * kGroup + 16),
+                                      _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + r * K + g * kGroup), acc[j][r]));
+      }
     }
   }
   for (int j = 0; j < kPanel; ++j)
@@ -91,18 +102,20 @@ inline void panel_f32(const float* x, int64_t K, const Weights& w, int64_t p, Ou
 #endif
 
 #if defined(__AVX512BF16__)
-inline __m512i q4_bf16(const uint8_t* group_codes, __m512i table) {
-  const __m256i words = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group_codes)));
-  const __m256i lo = _mm256_and_si256(words, _mm256_set1_epi16(0x0F));
-  const __m256i hi = _mm256_srli_epi16(words, 4);
-  return _mm512_permutexvar_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), table);
-}
-
-inline __m512i q8_bf16(const uint8_t* group_codes) {
-  const auto* q = reinterpret_cast<const __m128i*>(group_codes);
-  const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
-  const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
-  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));  // elements 0..15 from a, 16..31 from b
+// One row's step as bfloat16 integers, a vector of 32 per group: Q4_1 two groups (the low
+// and the high nibbles, through a 16-entry table), Q8_0 one.
+template <Format F>
+inline void decode_bf16(const uint8_t* step_codes, __m512i table, __m512i* q) {
+  if constexpr (F == Format::kQ4_1) {
+    const __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(step_codes)));
+    q[0] = _mm512_permutexvar_epi16(_mm512_and_si512(words, _mm512_set1_epi16(0x0F)), table);
+    q[1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), table);
+  } else {
+    const auto* p = reinterpret_cast<const __m128i*>(step_codes);
+    const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p)));
+    const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p + 1)));
+    q[0] = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));  // elements 0..15 from a, 16..31 from b
+  }
 }
 
 // Panel p against R input rows (bfloat16); group_sums [R, K/32] (Q4_1's "+ m" part)
@@ -111,6 +124,8 @@ inline void panel_bf16(const at::BFloat16* x, const float* group_sums, int64_t K
                        Out* out, int64_t N) {
   alignas(64) static const uint16_t kTable[32] = {0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
                                                   0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+  constexpr int G = groups_per_step<F>();
+  const int64_t steps = w.groups / G;
   const __m512i table = _mm512_load_si512(kTable);  // bfloat16 of 0..15
   __m512 acc[kPanel][R];
   __m256 offset[R];  // Q4_1: sum_g m_g * group_sum_g for the panel's 8 outputs
@@ -118,26 +133,31 @@ inline void panel_bf16(const at::BFloat16* x, const float* group_sums, int64_t K
     offset[r] = _mm256_setzero_ps();
     for (int j = 0; j < kPanel; ++j) acc[j][r] = _mm512_setzero_ps();
   }
-  for (int64_t g = 0; g < w.groups; ++g) {
-    const int64_t pg = p * w.groups + g;
-    const __m512 d8 = load8_halves(w.scales + pg * kPanel);
-    if constexpr (F == Format::kQ4_1) {
-      const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mins + pg * kPanel)));
-      for (int r = 0; r < R; ++r)
-        offset[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(group_sums[r * w.groups + g]), offset[r]);
+  for (int64_t t = 0; t < steps; ++t) {
+    __m512 d8[G];
+    __m512i xg[G][R];
+    for (int i = 0; i < G; ++i) {
+      const int64_t g = t * G + i, pg = p * w.groups + g;
+      d8[i] = load8_halves(w.scales + pg * kPanel);
+      if constexpr (F == Format::kQ4_1) {
+        const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mins + pg * kPanel)));
+        for (int r = 0; r < R; ++r)
+          offset[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(group_sums[r * w.groups + g]), offset[r]);
+      }
+      for (int r = 0; r < R; ++r) xg[i][r] = _mm512_loadu_si512(x + r * K + g * kGroup);
     }
-    __m512i xg[R];
-    for (int r = 0; r < R; ++r) xg[r] = _mm512_loadu_si512(x + r * K + g * kGroup);
-    const uint8_t* codes = w.codes + pg * kPanel * group_bytes<F>();
-    _mm_prefetch(reinterpret_cast<const char*>(codes + 4 * kPanel * group_bytes<F>()), _MM_HINT_T0);
+    const uint8_t* codes = w.codes + (p * steps + t) * kPanel * kStepBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(codes + 4 * kPanel * kStepBytes), _MM_HINT_T0);
     for (int j = 0; j < kPanel; ++j) {
-      const __m512i q = F == Format::kQ4_1 ? q4_bf16(codes + j * group_bytes<F>(), table)
-                                           : q8_bf16(codes + j * group_bytes<F>());
-      const __m512 dj = lane(d8, j);
-      for (int r = 0; r < R; ++r) {
-        const __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), reinterpret_cast<__m512bh>(q),
-                                            reinterpret_cast<__m512bh>(xg[r]));
-        acc[j][r] = _mm512_fmadd_ps(dot, dj, acc[j][r]);
+      __m512i q[G];
+      decode_bf16<F>(codes + j * kStepBytes, table, q);
+      for (int i = 0; i < G; ++i) {
+        const __m512 dj = lane(d8[i], j);
+        for (int r = 0; r < R; ++r) {
+          const __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), reinterpret_cast<__m512bh>(q[i]),
+                                              reinterpret_cast<__m512bh>(xg[i][r]));
+          acc[j][r] = _mm512_fmadd_ps(dot, dj, acc[j][r]);
+        }
       }
     }
   }
@@ -153,6 +173,8 @@ inline void panel_bf16(const at::BFloat16* x, const float* group_sums, int64_t K
 // The same arithmetic without AVX-512 (the order of the sums differs from the vector paths).
 template <Format F, typename Out>
 void panel_scalar(const float* x, int64_t M, int64_t K, const Weights& w, int64_t p, Out* out, int64_t N) {
+  constexpr int G = groups_per_step<F>();
+  const int64_t steps = w.groups / G;
   for (int64_t j = 0; j < kPanel; ++j)
     for (int64_t r = 0; r < M; ++r) {
       float acc = 0.f;
@@ -160,11 +182,11 @@ void panel_scalar(const float* x, int64_t M, int64_t K, const Weights& w, int64_
         const int64_t s = (p * w.groups + g) * kPanel + j;
         const float d = static_cast<float>(w.scales[s]);
         const float* xg = x + r * K + g * kGroup;
-        const uint8_t* q = w.codes + s * group_bytes<F>();
+        const uint8_t* q = w.codes + ((p * steps + g / G) * kPanel + j) * kStepBytes;
         for (int i = 0; i < kGroup; ++i) {
           float wi;
           if constexpr (F == Format::kQ4_1)
-            wi = d * static_cast<float>(i < 16 ? (q[i] & 0x0F) : (q[i - 16] >> 4)) + static_cast<float>(w.mins[s]);
+            wi = d * static_cast<float>(g % 2 == 0 ? (q[i] & 0x0F) : (q[i] >> 4)) + static_cast<float>(w.mins[s]);
           else
             wi = d * static_cast<float>(static_cast<int8_t>(q[i]));
           acc += wi * xg[i];
@@ -230,10 +252,11 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   TORCH_CHECK(format == "q4_1" || format == "q8_0", "format: q4_1 or q8_0");
   const bool q4 = format == "q4_1";
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(K % kGroup == 0, "in_features must be a multiple of 32");
-  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 4 && codes.size(1) == K / kGroup && codes.size(2) == kPanel &&
-                  codes.size(3) == (q4 ? kGroup / 2 : kGroup) && codes.scalar_type() == (q4 ? at::kByte : at::kChar),
-              "codes: uint8 [out/8, in/32, 8, 16] (q4_1) or int8 [out/8, in/32, 8, 32] (q8_0), contiguous");
+  TORCH_CHECK(K % (q4 ? 2 * kGroup : kGroup) == 0, "in_features must be a multiple of 32 (q8_0) or 64 (q4_1)");
+  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 4 && codes.size(1) == K / kGroup / (q4 ? 2 : 1) &&
+                  codes.size(2) == kPanel && codes.size(3) == kStepBytes &&
+                  codes.scalar_type() == (q4 ? at::kByte : at::kChar),
+              "codes: uint8 [out/8, in/64, 8, 32] (q4_1) or int8 [out/8, in/32, 8, 32] (q8_0), contiguous");
   const int64_t N = codes.size(0) * kPanel;
   TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kHalf && scales.numel() == N * (K / kGroup),
               "scales: float16 [out/8, in/32, 8], contiguous");

@@ -1,0 +1,96 @@
+// RoPE on q and k and the KV-cache write of one step, in one pass per token on the CPU: what the
+// torch path does in about ten calls per layer (engine/models/layers.py apply_rope, then
+// engine/attention/torch_paged.py write_kv), with its rounding points kept:
+//
+//     out = dtype(dtype(x * cos) + dtype(rotate_half(x) * sin))   cos = [c, c], sin = [-s, s]
+//
+// Shapes: qk [tokens, heads + kv_heads, head_dim] and v [tokens, kv_heads, head_dim], any row and
+// head strides (views of the fused qkv projection), the last dimension contiguous; cos, sin
+// [tokens, head_dim] contiguous, in qk's dtype; caches [kv_heads, blocks, block_size, head_dim]
+// contiguous; slot_mapping [tokens] int64 (block * block_size + offset). Returns the rotated q
+// [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] (contiguous; k is also what the
+// cache now holds).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <tuple>
+
+namespace {
+
+template <typename T>
+void rotate(const T* x, const T* cos, const T* sin, T* out, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const float swapped = static_cast<float>(d < half ? x[d + half] : x[d - half]);
+    const T a = static_cast<T>(static_cast<float>(x[d]) * static_cast<float>(cos[d]));
+    const T b = static_cast<T>(swapped * static_cast<float>(sin[d]));
+    out[d] = static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
+  }
+}
+
+template <typename T>
+void rope_write(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos, const at::Tensor& sin,
+                at::Tensor& k_cache, at::Tensor& v_cache, const int64_t* slots, int64_t heads, at::Tensor& q_out,
+                at::Tensor& k_out) {
+  const int64_t tokens = qk.size(0), kv_heads = qk.size(1) - heads, head_dim = qk.size(2);
+  const int64_t num_slots = k_cache.size(1) * k_cache.size(2);
+  const T* qkp = qk.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  T* kc = k_cache.data_ptr<T>();
+  T* vc = v_cache.data_ptr<T>();
+  T* qo = q_out.data_ptr<T>();
+  T* ko = k_out.data_ptr<T>();
+  at::parallel_for(0, tokens, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t slot = slots[t];
+      const T* c = cp + t * head_dim;
+      const T* s = sp + t * head_dim;
+      for (int64_t h = 0; h < heads; ++h)
+        rotate(qkp + t * qk.stride(0) + h * qk.stride(1), c, s, qo + (t * heads + h) * head_dim, head_dim);
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        T* k_row = ko + (t * kv_heads + h) * head_dim;
+        rotate(qkp + t * qk.stride(0) + (heads + h) * qk.stride(1), c, s, k_row, head_dim);
+        std::memcpy(kc + (h * num_slots + slot) * head_dim, k_row, head_dim * sizeof(T));
+        std::memcpy(vc + (h * num_slots + slot) * head_dim, vp + t * v.stride(0) + h * v.stride(1),
+                    head_dim * sizeof(T));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos,
+                                                 const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache,
+                                                 const at::Tensor& slot_mapping, int64_t heads) {
+  TORCH_CHECK(qk.dim() == 3 && qk.stride(2) == 1 && qk.size(1) > heads, "qk: [tokens, heads + kv_heads, head_dim]");
+  const int64_t tokens = qk.size(0), kv_heads = qk.size(1) - heads, head_dim = qk.size(2);
+  TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even");
+  TORCH_CHECK(v.dim() == 3 && v.size(0) == tokens && v.size(1) == kv_heads && v.size(2) == head_dim && v.stride(2) == 1,
+              "v: [tokens, kv_heads, head_dim]");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == tokens * head_dim &&
+                  sin.numel() == tokens * head_dim,
+              "cos, sin: [tokens, head_dim], contiguous");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.size(0) == kv_heads && k_cache.size(3) == head_dim,
+              "caches: [kv_heads, blocks, block_size, head_dim], contiguous");
+  TORCH_CHECK(slot_mapping.is_contiguous() && slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == tokens,
+              "slot_mapping: [tokens] int64");
+  const auto dtype = qk.scalar_type();
+  TORCH_CHECK(v.scalar_type() == dtype && cos.scalar_type() == dtype && sin.scalar_type() == dtype &&
+                  k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype,
+              "qk, v, cos, sin and the caches in one dtype");
+  at::Tensor q_out = at::empty({tokens, heads, head_dim}, qk.options());
+  at::Tensor k_out = at::empty({tokens, kv_heads, head_dim}, qk.options());
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  if (dtype == at::kBFloat16)
+    rope_write<at::BFloat16>(qk, v, cos, sin, k_cache, v_cache, slots, heads, q_out, k_out);
+  else if (dtype == at::kFloat)
+    rope_write<float>(qk, v, cos, sin, k_cache, v_cache, slots, heads, q_out, k_out);
+  else
+    TORCH_CHECK(false, "rope_write_kv: float32 or bfloat16");
+  return {q_out, k_out};
+}

@@ -1,0 +1,79 @@
+// SiLU-and-multiply of the MLP on the CPU, one pass per row: what `F.silu(gate) * up` does in
+// three torch calls (split, silu, mul), with its rounding points kept:
+//
+//     out = dtype(float(dtype(silu(float(gate)))) * float(up))     silu(x) = x / (1 + exp(-x))
+//
+// Shapes: x [rows, 2 * width] = [gate | up], contiguous; out [rows, width] in x's dtype.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "vec16.h"
+
+#include <cmath>
+
+namespace {
+
+#if defined(__AVX512F__)
+using llm_serve::load16;
+using llm_serve::round_to;
+using llm_serve::store16;
+
+// exp over 16 float32 lanes (Cephes' expf: 2^n * e^r, |r| <= ln2 / 2, degree-5 polynomial;
+// within 2 ulp of the true value; the clamp keeps r in range, and 2^n still takes |x| > 88.7 to
+// infinity or 0 as expf does)
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(104.f)), _mm512_set1_ps(-104.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 e = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(e, n);
+}
+#endif
+
+template <typename T>
+void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / width), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* gate = x + r * 2 * width;
+      const T* up = gate + width;
+      T* o = out + r * width;
+      int64_t d = 0;
+#if defined(__AVX512F__)
+      for (; d + 16 <= width; d += 16) {
+        const __m512 g = load16(gate + d);
+        const __m512 s = round_to<T>(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(
+                                                                                         _mm512_setzero_ps(), g)))));
+        store16(o + d, _mm512_mul_ps(s, load16(up + d)));
+      }
+#endif
+      for (; d < width; ++d) {
+        const float g = static_cast<float>(gate[d]);
+        const T s = static_cast<T>(g / (1.f + std::exp(-g)));
+        o[d] = static_cast<T>(static_cast<float>(s) * static_cast<float>(up[d]));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor silu_and_mul(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0, "x: [rows, 2 * width], contiguous");
+  const int64_t rows = x.size(0), width = x.size(1) / 2;
+  at::Tensor out = at::empty({rows, width}, x.options());
+  if (x.scalar_type() == at::kBFloat16)
+    silu_mul_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), rows, width);
+  else if (x.scalar_type() == at::kFloat)
+    silu_mul_rows<float>(x.data_ptr<float>(), out.data_ptr<float>(), rows, width);
+  else
+    TORCH_CHECK(false, "silu_and_mul: float32 or bfloat16");
+  return out;
+}
