@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.default_model import find_gguf
+from common.default_model import default_model_dir, find_gguf
 from common.engine_config import EngineConfig
 
 GROUP = 32
@@ -107,8 +107,8 @@ def gguf_file(config: EngineConfig, model_dir: Path) -> Path | None:
     """The GGUF whose codes the engine runs on (--quantization), or None: dense weights."""
     if config.quantization == "none" or config.load_format == "dummy":
         return None
-    if config.model is None:
-        return find_gguf()
+    if config.model is None or Path(model_dir).resolve() == default_model_dir().resolve():
+        return find_gguf()  # the default model (the server passes its converted folder by path)
     if config.quantization == "auto":
         return None  # a model folder keeps its checkpoint's dtype unless asked
     files = sorted(Path(model_dir).glob("*.gguf"))

@@ -110,3 +110,20 @@ def test_engine_runs_the_codes_and_agrees_across_the_crossover():
     dense = layer(x)  # above the crossover: the dense bf16 weights
     codes = method.apply_codes(x)
     assert ((dense.float() - codes.float()).abs().max() / codes.float().abs().max()).item() < 2e-2
+
+
+def test_which_gguf_runs(tmp_path):
+    """auto: the default model on its codes, also when given by its folder (as the server passes
+    it); another folder dense unless --quantization gguf finds a *.gguf there; none: dense."""
+    from common.engine_config import EngineConfig
+    from engine.models.gguf_codes import gguf_file
+
+    default = ensure_default_model()
+    assert gguf_file(EngineConfig(), default) == find_gguf()
+    assert gguf_file(EngineConfig(model=str(default)), default) == find_gguf()
+    assert gguf_file(EngineConfig(model=str(default), quantization="none"), default) is None
+    assert gguf_file(EngineConfig(model=str(tmp_path)), tmp_path) is None
+    with pytest.raises(ValueError, match="no \\*.gguf"):
+        gguf_file(EngineConfig(model=str(tmp_path), quantization="gguf"), tmp_path)
+    (tmp_path / "m.gguf").write_bytes(b"")
+    assert gguf_file(EngineConfig(model=str(tmp_path), quantization="gguf"), tmp_path) == tmp_path / "m.gguf"
