@@ -44,8 +44,8 @@ def read(out_dir):
 def test_sweep_writes_json_and_plots(fast_a, tmp_path, capsys):
     rc = main([
         "--base-url", fast_a.base_url, "--num-prompts", "4", "--concurrency", "1,2", "--input-len", "12",
-        "--output-len", "5", "--ignore-eos", "--temperature", "0.5", "--api-key", "k1", "--slo", "ttft:5000",
-        "--output-dir", str(tmp_path),
+        "--output-len", "5", "--ignore-eos", "--temperature", "0.5", "--top-p", "0.9", "--api-key", "k1",
+        "--slo", "ttft:5000", "--output-dir", str(tmp_path),
     ])  # fmt: skip
     assert rc == 0
     doc = read(tmp_path)
@@ -67,7 +67,7 @@ def test_sweep_writes_json_and_plots(fast_a, tmp_path, capsys):
         assert (tmp_path / png).read_bytes().startswith(b"\x89PNG"), png
     body = fast_a.app.state.last_body
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
-    assert (body["ignore_eos"], body["temperature"], body["max_tokens"]) == (True, 0.5, 5)
+    assert (body["ignore_eos"], body["temperature"], body["top_p"], body["max_tokens"]) == (True, 0.5, 0.9, 5)
     assert fast_a.app.state.last_authorization == "Bearer k1"
     out = capsys.readouterr().out
     assert "TTFT p99 (ms)" in out and "Request goodput" in out
