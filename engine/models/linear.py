@@ -94,7 +94,13 @@ class Linear(nn.Module):
         self.invariant_min_rows: int | None = None
         method.create_weights(self)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, float32_out: bool = False) -> torch.Tensor:
+        """x @ W^T (+ b) in x's dtype; with `float32_out`, float32 sums from unrounded weights
+        where the method has them (see `LinearMethod.float32_logits`), else still x's dtype."""
+        if float32_out:
+            exact = self.method.float32_logits(self, x)
+            if exact is not None:
+                return exact
         if self.invariant_min_rows != 1:
             start = invariant_rows_start()
             if start is not None and start < x.shape[0]:

@@ -130,10 +130,10 @@ class CausalLM(nn.Module):
         best candidates often tie exactly. Their logits are recomputed with float32 accumulation
         from the same weights (a few rows each), which makes such ties rare and the greedy choice
         that of the unrounded model."""
-        exact = self.lm_head.method.float32_logits(self.lm_head, hidden)
-        if exact is not None:
-            return exact
-        logits = self.lm_head(hidden).float()
+        out = self.lm_head(hidden, float32_out=True)
+        if out.dtype == torch.float32:  # float32 sums: the method's own (GGUF codes), or a float32 model
+            return out
+        logits = out.float()
         if hidden.dtype != torch.float32:
             _refine_top_logits(logits, hidden, self.lm_head.dense_weight())
         return logits

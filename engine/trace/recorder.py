@@ -3,11 +3,12 @@
 Installed for that step only and removed after it: two global module hooks (a forward pre-hook
 and a forward hook, so every module of the model reports without one hook per module) and timed
 stand-ins for the operators that are no modules: `apply_rope` and `paged_attention` as the model
-calls them, and the torch backend's `write_kv`. A step without a traced request runs none of
-this. Shapes are those of the flat batch ([num_tokens, ...]; the LM head's [num_sampled, ...]),
-kept for layer 0 and for the model-level modules (embedding, final norm, LM head); times are kept
-for every layer, so a stop can also be summed over the layers. On CUDA every timestamp waits for
-the queued kernels (`torch.cuda.synchronize`), so a traced step is slower than an untraced one.
+calls them, and the torch backend's `write_kv` (the traced step runs them unfused). A step
+without a traced request runs none of this. Shapes are those of the flat batch ([num_tokens,
+...]; the LM head's [num_sampled, ...]), kept for layer 0 and for the model-level modules
+(embedding, final norm, LM head); times are kept for every layer, so a stop can also be summed
+over the layers. On CUDA every timestamp waits for the queued kernels (`torch.cuda.synchronize`),
+so a traced step is slower than an untraced one.
 """
 from __future__ import annotations
 
@@ -85,8 +86,11 @@ class StepRecording:
     @contextlib.contextmanager
     def installed(self) -> Iterator[StepRecording]:
         handles = [register_module_forward_pre_hook(self._before), register_module_forward_hook(self._after)]
+        # The traced step takes the unfused RoPE and KV write (no `rope_and_write_kv`), so each
+        # keeps its own stop with its shapes; other steps run the fused kernel where there is one.
         swaps = [(llama, "apply_rope", self._timed("rope", llama.apply_rope)),
-                 (llama, "paged_attention", self._timed("attention", llama.paged_attention))]
+                 (llama, "paged_attention", self._timed("attention", llama.paged_attention)),
+                 (llama, "rope_and_write_kv", _unfused)]
         backend_module = sys.modules[type(self.backend).__module__]
         write_kv = getattr(backend_module, "write_kv", None)
         if write_kv is not None:  # the torch backend's; another backend's cache write has no stop of its own
@@ -143,3 +147,8 @@ class StepRecording:
         shape_out = tuple(output.shape) if isinstance(output, torch.Tensor) else ()
         self.shapes[stop] = FlatShapes(layer, shape_in, shape_out)
         self.order.append(stop)
+
+
+def _unfused(*args: Any, **kwargs: Any) -> None:
+    """`rope_and_write_kv` for a traced step: no fused path (the model rotates and `forward` writes)."""
+    return None
