@@ -24,7 +24,7 @@ from engine.models.config import ModelArch, read_hf_config
 from engine.models.batch_invariance import describe_invariance
 from engine.models.gguf_codes import gguf_file, read_group_codes
 from engine.models.group_quantized import describe_max_rows, measure_max_rows, use_group_codes
-from engine.models.linear import Linear, probe_batch_invariance, weight_bytes_per_step
+from engine.models.linear import probe_batch_invariance, weight_bytes_per_element
 from engine.models.layers import RMSNorm
 from engine.models.llama import MLP
 from engine.models.loader import load_model
@@ -72,7 +72,7 @@ class LLMEngine(EngineCore):
             if isinstance(module, RMSNorm | MLP):
                 module.native = native_kernels  # fused add + RMSNorm, silu-and-mul
         backend = create_backend(self.platform.attention_backend, arch.num_heads, arch.num_kv_heads, arch.head_dim,
-                                 config.block_size, native_decode=native_kernels is not None)
+                                 config.block_size, native_kernels)
         kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks), self.dtype, self.device)
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
@@ -83,11 +83,9 @@ class LLMEngine(EngineCore):
                              config.seed)
         super().__init__(scheduler, runner, arch.vocab_size, max_model_len, config.batch_invariant)
         element_bytes = self.dtype.itemsize  # the KV cache and activations are in the engine's dtype
-        # weights: bytes per element as a decode step reads them (the codes' where they run; a
-        # batch above the crossover reads the dense weights, more than this counts)
-        linears = [m for m in self.model.modules() if isinstance(m, Linear)]
-        weight_bytes = weight_bytes_per_step(self.model, 1, self.dtype) / sum(m.input_size * m.output_size
-                                                                            for m in linears)
+        # weights as a decode step reads them (the codes' where they run; a batch above the
+        # crossover reads the dense weights, more than this counts)
+        weight_bytes = weight_bytes_per_element(self.model, 1, self.dtype)
         self.step_observer = StepRoofline(RooflineModel(arch, weight_bytes, element_bytes, element_bytes),
                                           self.machine_limits)
         logger.info("model %s on %s", self.model_dir, self.platform.describe(config.max_num_seqs))
@@ -103,15 +101,13 @@ class LLMEngine(EngineCore):
         gguf_path = gguf_file(config, self.model_dir)
         if gguf_path is None:
             return False
-        why_not = ("the native CPU kernels are off or failed to build" if native is None else
-                   f"the codes' kernel takes float32 or bfloat16, not {self.dtype}"
-                   if self.dtype not in (torch.float32, torch.bfloat16) else None)
-        if why_not is not None:
+        if native is None or self.dtype not in (torch.float32, torch.bfloat16):
+            why_not = ("the native CPU kernels are off or failed to build" if native is None
+                       else f"the codes' kernel takes float32 or bfloat16, not {self.dtype}")
             if config.quantization == "gguf":
                 raise ValueError(f"--quantization gguf: {why_not}")
             logger.warning("dense weights: %s", why_not)
             return False
-        assert native is not None
         arch = self.model.arch
         dense_left = use_group_codes(self.model, read_group_codes(gguf_path, arch.num_heads, arch.num_kv_heads), native)
         max_rows = measure_max_rows(self.model, self.dtype, config.max_num_seqs)

@@ -1,6 +1,8 @@
 """Attention backends behind one interface (`base.py`), and the call the models make."""
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
 from engine.attention.base import AttentionBackend, StepInputs
@@ -27,10 +29,11 @@ def rope_and_write_kv(qk: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tenso
 
 
 def create_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-                   native_decode: bool = False) -> AttentionBackend:
-    """`native_decode`: attend one-query batches with the native CPU kernel if it builds."""
+                   native: ModuleType | None = None) -> AttentionBackend:
+    """`native`: the native CPU kernels' module (engine/native), for one-query batches and the
+    fused RoPE + KV write; None: torch ops only."""
     if name == "torch-paged":
         from engine.attention.torch_paged import TorchPagedBackend
 
-        return TorchPagedBackend(num_heads, num_kv_heads, head_dim, block_size, native_decode)
+        return TorchPagedBackend(num_heads, num_kv_heads, head_dim, block_size, native)
     raise ValueError(f"unknown attention backend {name!r}")

@@ -16,6 +16,7 @@ Requests that ask for batch invariance come last and are attended row by row in 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -56,16 +57,13 @@ class TorchPagedBackend:
     name = "torch-paged"
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-                 native_decode: bool = False):
+                 native: ModuleType | None = None):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.block_size = block_size
-        # The one-query batch through the native CPU kernel (engine/native), when it builds: K/V
-        # read in place, no gather copy and no padding to the longest sequence.
-        self.native = None
-        if native_decode:
-            from engine.native import kernels
-
-            self.native = kernels()
+        # The native CPU kernels (engine/native; the engine gives them on CPU only, when they
+        # build): the one-query batch with K/V read in place (no gather copy, no padding to the
+        # longest sequence), and RoPE fused with the KV write.
+        self.native = native
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         return (self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
@@ -99,7 +97,7 @@ class TorchPagedBackend:
             lens = inputs.seq_lens[:num_single]
             width = cdiv(int(inputs.seq_lens_np[:num_single].max()), bs)
             meta.single_block_tables = inputs.block_table[:num_single, :width]
-            if self.native is not None and device.type == "cpu":
+            if self.native is not None:
                 meta.single_seq_lens = lens
             else:
                 past_end = torch.arange(width * bs, device=device).unsqueeze(0) >= lens.unsqueeze(1)  # [seqs, keys]
@@ -146,7 +144,7 @@ class TorchPagedBackend:
     def rope_and_write_kv(self, qk: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                           kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: TorchPagedMetadata,
                           num_heads: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if self.native is None or not qk.is_cpu:
+        if self.native is None:
             return None
         cos, sin = rope  # [num_tokens, 1, head_dim] each, contiguous
         return self.native.rope_write_kv(qk, v, cos, sin, kv_cache[0], kv_cache[1], metadata.slot_mapping, num_heads)

@@ -60,9 +60,12 @@ class GroupCodes:
         scales = self.scales.float().unsqueeze(-1)
         if self.format == "q8_0":
             return (scales * self.codes.view(out, -1, GROUP).float()).view(out, -1)
-        nibbles = self.codes.view(out, -1, GROUP // 2)
-        q = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1).float()
-        return (scales * q + self.mins.float().unsqueeze(-1)).view(out, -1)  # type: ignore[union-attr]
+        return (scales * self._q4_values().float() + self.mins.float().unsqueeze(-1)).view(out, -1)  # type: ignore[union-attr]
+
+    def _q4_values(self) -> torch.Tensor:
+        """Q4_1's codes one per element, group by group: uint8 [out, in / 32, 32], each 0..15."""
+        nibbles = self.codes.view(self.shape[0], -1, GROUP // 2)
+        return torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1)
 
     def panels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(codes, scales, mins) in the native kernel's layout: panels of 8 output rows in steps of
@@ -78,8 +81,7 @@ class GroupCodes:
 
         codes = self.codes.view(out, groups, -1)
         if self.format == "q4_1":
-            nibbles = codes.view(out, groups, GROUP // 2)
-            q = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1).view(out, groups // 2, 2, GROUP)  # 0..15 each
+            q = self._q4_values().view(out, groups // 2, 2, GROUP)
             codes = q[:, :, 0] | (q[:, :, 1] << 4)  # [out, groups / 2, 32]
         mins = torch.empty(0, dtype=torch.float16) if self.mins is None else panel(self.mins).squeeze(-1)
         return panel(codes), panel(self.scales).squeeze(-1), mins

@@ -153,6 +153,12 @@ def weight_bytes_per_step(model: nn.Module, rows: int, dtype: torch.dtype) -> in
     return sum(m.method.weight_bytes_read(m, rows, dtype) for m in model.modules() if isinstance(m, Linear))
 
 
+def weight_bytes_per_element(model: nn.Module, rows: int, dtype: torch.dtype) -> float:
+    """`weight_bytes_per_step` per weight of the linear layers (2 for bf16; 0.6-0.7 on GGUF codes)."""
+    weights = sum(m.input_size * m.output_size for m in model.modules() if isinstance(m, Linear))
+    return weight_bytes_per_step(model, rows, dtype) / weights
+
+
 def probe_batch_invariance(model: nn.Module, dtype: torch.dtype, device: torch.device, max_rows: int,
                            max_head_rows: int) -> dict[str, int | None]:
     """Probe each distinct linear shape of `model` once (`engine.models.batch_invariance`) and set
