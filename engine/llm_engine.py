@@ -28,6 +28,7 @@ from engine.models.linear import probe_batch_invariance, weight_bytes_per_elemen
 from engine.models.layers import RMSNorm
 from engine.models.llama import MLP
 from engine.models.loader import load_model
+from engine.models.native_decode import NativeDecodeLayers, unsupported_reason
 from engine.native import kernels
 from engine.platform import Platform
 from engine.roofline.cost_model import RooflineModel
@@ -74,6 +75,10 @@ class LLMEngine(EngineCore):
         backend = create_backend(self.platform.attention_backend, arch.num_heads, arch.num_kv_heads, arch.head_dim,
                                  config.block_size, native_kernels)
         kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks), self.dtype, self.device)
+        one_call = unsupported_reason(self.model) if native_kernels is not None else "the native kernels are off"
+        if one_call is None:  # small decode steps: every layer in one native call
+            self.model.native_layers = NativeDecodeLayers(self.model, native_kernels, kv_caches)
+            one_call = f"decode steps of up to {self.model.native_layers.max_rows} rows"
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
                               self.eos_token_ids, config.speculative_config,
@@ -91,6 +96,7 @@ class LLMEngine(EngineCore):
         logger.info("model %s on %s", self.model_dir, self.platform.describe(config.max_num_seqs))
         logger.info("native CPU kernels (decode attention, RoPE + KV write, add + RMSNorm, silu-and-mul): %s",
                     "on" if native_kernels is not None else "off, torch ops")
+        logger.info("all layers in one native call: %s", one_call)
         logger.info("batch-invariant rows: %s", describe_invariance(invariance))
         logger.info("KV cache %d blocks x %d = %d tokens, max_model_len %d", num_blocks, config.block_size,
                     self.num_kv_tokens, max_model_len)

@@ -76,3 +76,11 @@ class AttentionBackend(Protocol):
         cache in one fused call: (q, k) rotated, or None where the backend has no such kernel
         (the model then rotates with torch ops and `forward` writes the cache)."""
         return None
+
+    def native_decode_inputs(self, metadata: Any,
+                             num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(slot_mapping [rows] int64, block_tables [rows, blocks] int32, seq_lens [rows] int32)
+        when every one of the step's `num_tokens` rows is a one-query decode row that the native
+        CPU decode kernel attends in place (a whole step then may run as one native call,
+        engine/models/native_decode.py); None otherwise."""
+        return None

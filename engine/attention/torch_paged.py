@@ -149,6 +149,14 @@ class TorchPagedBackend:
         cos, sin = rope  # [num_tokens, 1, head_dim] each, contiguous
         return self.native.rope_write_kv(qk, v, cos, sin, kv_cache[0], kv_cache[1], metadata.slot_mapping, num_heads)
 
+    def native_decode_inputs(self, metadata: TorchPagedMetadata,
+                             num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        if metadata.single_seq_lens is None or metadata.num_single_queries != num_tokens \
+                or metadata.invariant is not None:
+            return None
+        assert metadata.single_block_tables is not None
+        return metadata.slot_mapping, metadata.single_block_tables, metadata.single_seq_lens
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: TorchPagedMetadata,
                 scale: float, kv_written: bool = False) -> torch.Tensor:

@@ -19,6 +19,7 @@ from engine.attention import paged_attention, rope_and_write_kv
 from engine.models.config import ModelArch
 from engine.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from engine.models.linear import Linear, LinearMethod, MergedLinear
+from engine.models.native_decode import NativeDecodeLayers, decode_layers_natively
 
 # bfloat16 rounds a logit v by at most |v| * 2**-8, so any token whose rounded logit is within
 # twice that of the rounded maximum may hold the true maximum (see CausalLM.compute_logits).
@@ -108,6 +109,9 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = Linear(arch.hidden_size, arch.vocab_size, bias=False, method=method, keep_dense_weight=True)
         self.tie_weights()
+        # every layer in one native call for the decode steps it takes (engine/models/native_decode.py);
+        # set by the engine where the layers run on the native kernels
+        self.native_layers: NativeDecodeLayers | None = None
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head; re-run after moving off the meta device."""
@@ -117,9 +121,13 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         rope = self.rotary.cos_sin(positions, x.dtype)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(rope, x, residual)
+        native = decode_layers_natively(self.native_layers, x, rope)
+        if native is not None:
+            x, residual = native
+        else:
+            residual = None
+            for layer in self.layers:
+                x, residual = layer(rope, x, residual)
         x, _ = self.norm(x, residual)
         return x
 

@@ -86,11 +86,12 @@ class StepRecording:
     @contextlib.contextmanager
     def installed(self) -> Iterator[StepRecording]:
         handles = [register_module_forward_pre_hook(self._before), register_module_forward_hook(self._after)]
-        # The traced step takes the unfused RoPE and KV write (no `rope_and_write_kv`), so each
-        # keeps its own stop with its shapes; other steps run the fused kernel where there is one.
+        # The traced step takes the modules (not all layers in one native call) and the unfused
+        # RoPE and KV write (no `rope_and_write_kv`), so each keeps its own stop with its shapes;
+        # other steps run the fused kernels where there are some.
         swaps = [(llama, "apply_rope", self._timed("rope", llama.apply_rope)),
                  (llama, "paged_attention", self._timed("attention", llama.paged_attention)),
-                 (llama, "rope_and_write_kv", _unfused)]
+                 (llama, "rope_and_write_kv", _unfused), (llama, "decode_layers_natively", _unfused)]
         backend_module = sys.modules[type(self.backend).__module__]
         write_kv = getattr(backend_module, "write_kv", None)
         if write_kv is not None:  # the torch backend's; another backend's cache write has no stop of its own
@@ -150,5 +151,6 @@ class StepRecording:
 
 
 def _unfused(*args: Any, **kwargs: Any) -> None:
-    """`rope_and_write_kv` for a traced step: no fused path (the model rotates and `forward` writes)."""
+    """`rope_and_write_kv` and `decode_layers_natively` for a traced step: no fused path (the
+    model runs its modules, rotates with torch ops, and the backend's `forward` writes the cache)."""
     return None

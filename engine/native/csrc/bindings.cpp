@@ -1,21 +1,8 @@
 // The Python module of the native CPU kernels (engine/native/__init__.py builds and loads it).
 #include <torch/extension.h>
 
-#include <string>
-#include <tuple>
-
-at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                  const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale);
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
-                                                      const at::Tensor& weight, double eps);
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                        const std::string& format, bool float32_out);
-
-std::tuple<at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos,
-                                                 const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache,
-                                                 const at::Tensor& slot_mapping, int64_t heads);
-
-at::Tensor silu_and_mul(const at::Tensor& x);
+#include "decode_layers.h"
+#include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
@@ -32,5 +19,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(q, k) rotated",
         py::arg("qk"), py::arg("v"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("slot_mapping"), py::arg("heads"));
+  py::class_<DecodeLayers>(m, "DecodeLayers", "a decode step's decoder layers in one call (decode_layers.h)")
+      .def(py::init<std::vector<at::Tensor>, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<at::Tensor>&, const std::vector<std::string>&, std::vector<at::Tensor>,
+                    std::vector<at::Tensor>, int64_t, int64_t, int64_t, double, double>(),
+           py::arg("norm_weights"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("formats"),
+           py::arg("k_caches"), py::arg("v_caches"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
+           py::arg("eps"), py::arg("scale"))
+      .def("forward", &DecodeLayers::forward, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("slot_mapping"),
+           py::arg("block_tables"), py::arg("seq_lens"));
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of x = [gate | up] ([rows, 2 * width])", py::arg("x"));
 }

@@ -1,0 +1,75 @@
+"""A decode step's decoder layers in one native call, for the steps that allow it.
+
+At one row a decode step reads about 96 MB of codes in about 3.3 ms here, and the ~300 Python
+module and kernel calls between those reads cost about as much again. `NativeDecodeLayers` hands
+every layer's weights and KV cache to `DecodeLayers` (engine/native/csrc/decode_layers.cpp) once;
+a step then runs all the layers in one call, through the same kernels in the same order as the
+modules, so its result is bitwise theirs.
+
+A step goes this way when every row is a one-query decode row that the backend attends with the
+native kernel and no row asks for batch invariance (`AttentionBackend.native_decode_inputs`),
+the rows are within every layer's codes crossover (above it a layer takes its dense method),
+and the step's KV caches are those it was built with; any other step runs the modules. A traced
+step swaps `decode_layers_natively` out (engine/trace/recorder.py), so every module keeps its stop.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from engine.attention.forward_context import get_forward_context
+from engine.models.group_quantized import GroupQuantizedMethod
+
+
+class NativeDecodeLayers:
+    def __init__(self, model: nn.Module, native: ModuleType, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
+        why_not = unsupported_reason(model)
+        assert why_not is None, why_not
+        arch = model.arch  # type: ignore[attr-defined]
+        layers = list(model.layers)  # type: ignore[attr-defined]
+        norms, methods = [], []
+        for layer in layers:
+            norms += [layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()]
+            methods += [layer.self_attn.qkv_proj.method, layer.self_attn.o_proj.method,
+                        layer.mlp.gate_up_proj.method, layer.mlp.down_proj.method]
+        # rows up to which every layer runs its codes (the measured crossovers, set before this)
+        self.max_rows = min(m.max_rows for m in methods)
+        self.kv_caches = kv_caches
+        self.impl = native.DecodeLayers(norms, [m.codes for m in methods], [m.scales for m in methods],
+                                        [m.mins for m in methods], [m.format for m in methods],
+                                        [k for k, _ in kv_caches], [v for _, v in kv_caches], arch.num_heads,
+                                        arch.num_kv_heads, arch.head_dim, arch.rms_norm_eps, arch.head_dim ** -0.5)
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why the model's layers cannot run as one native call, or None when they can."""
+    arch = getattr(model, "arch", None)
+    if arch is None or not hasattr(model, "layers"):
+        return "not a decoder of engine/models/llama.py"
+    if arch.qk_norm:
+        return "per-head q/k norms (Qwen3)"
+    for layer in model.layers:  # type: ignore[attr-defined]
+        linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        if not all(isinstance(linear.method, GroupQuantizedMethod) for linear in linears):
+            return "a layer's linears are not all on GGUF codes"
+        if layer.input_layernorm.native is None or layer.mlp.native is None:
+            return "the native kernels are off for the model's norms or MLP"
+    return None
+
+
+def decode_layers_natively(layers: NativeDecodeLayers | None, x: torch.Tensor,
+                           rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The last layer's (output, residual) for this step's embeddings x [rows, hidden], or None
+    where the step is not one the native call takes (the caller then runs the modules)."""
+    if layers is None or x.shape[0] > layers.max_rows:
+        return None
+    ctx = get_forward_context()
+    if ctx.kv_caches is not layers.kv_caches:
+        return None
+    inputs = ctx.backend.native_decode_inputs(ctx.metadata, x.shape[0])
+    if inputs is None:
+        return None
+    cos, sin = rope
+    return layers.impl.forward(x, cos, sin, *inputs)

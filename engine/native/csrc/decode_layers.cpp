@@ -1,0 +1,65 @@
+// A decode step's decoder layers (Llama family: add + RMSNorm, q/k/v, RoPE + KV write, paged
+// decode attention, o, add + RMSNorm, gate/up, silu-and-mul, down) in one native call: the same
+// kernels in the same order as the Python modules call them, so the result is bitwise theirs,
+// without the Python between them (at one row, a step's ~300 module and kernel calls cost as much
+// as reading the weights).
+#include "decode_layers.h"
+
+#include "kernels.h"
+
+#include <utility>
+
+DecodeLayers::DecodeLayers(std::vector<at::Tensor> norm_weights, const std::vector<at::Tensor>& codes,
+                           const std::vector<at::Tensor>& scales, const std::vector<at::Tensor>& mins,
+                           const std::vector<std::string>& formats, std::vector<at::Tensor> k_caches,
+                           std::vector<at::Tensor> v_caches, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                           double eps, double scale)
+    : norm_weights_(std::move(norm_weights)),
+      k_caches_(std::move(k_caches)),
+      v_caches_(std::move(v_caches)),
+      heads_(heads),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim),
+      eps_(eps),
+      scale_(scale) {
+  const size_t layers = k_caches_.size();
+  TORCH_CHECK(v_caches_.size() == layers && norm_weights_.size() == 2 * layers, "two norms and two caches per layer");
+  TORCH_CHECK(codes.size() == 4 * layers && scales.size() == codes.size() && mins.size() == codes.size() &&
+                  formats.size() == codes.size(),
+              "four linears per layer");
+  for (size_t i = 0; i < codes.size(); ++i) linears_.push_back({codes[i], scales[i], mins[i], formats[i]});
+}
+
+namespace {
+at::Tensor apply(const CodesLinear& w, const at::Tensor& x) {
+  return quant_linear(x, w.codes, w.scales, w.mins, w.format, false);
+}
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> DecodeLayers::forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
+                                                         const at::Tensor& slot_mapping,
+                                                         const at::Tensor& block_tables,
+                                                         const at::Tensor& seq_lens) const {
+  const int64_t rows = x.size(0), q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
+  at::Tensor residual;
+  for (size_t layer = 0; layer < k_caches_.size(); ++layer) {
+    const CodesLinear* w = &linears_[4 * layer];
+    at::Tensor h;
+    if (layer == 0) {
+      h = std::get<0>(fused_add_rms_norm(x, c10::nullopt, norm_weights_[0], eps_));
+      residual = x;
+    } else {
+      std::tie(h, residual) = fused_add_rms_norm(x, residual, norm_weights_[2 * layer], eps_);
+    }
+    const at::Tensor qkv = apply(w[0], h);
+    const at::Tensor qk = qkv.slice(1, 0, q_size + kv_size).view({rows, heads_ + kv_heads_, head_dim_});
+    const at::Tensor v = qkv.slice(1, q_size + kv_size).view({rows, kv_heads_, head_dim_});
+    const auto q_k = rope_write_kv(qk, v, cos, sin, k_caches_[layer], v_caches_[layer], slot_mapping, heads_);
+    const at::Tensor o = paged_decode_attention(std::get<0>(q_k).contiguous(), k_caches_[layer], v_caches_[layer],
+                                                block_tables, seq_lens, scale_);
+    x = apply(w[1], o.reshape({rows, q_size}));
+    std::tie(h, residual) = fused_add_rms_norm(x, residual, norm_weights_[2 * layer + 1], eps_);
+    x = apply(w[3], silu_and_mul(apply(w[2], h)));
+  }
+  return {x, residual};
+}

@@ -1,0 +1,39 @@
+// A decode step's decoder layers in one native call (see decode_layers.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+// One linear layer on GGUF codes in quant_linear's panel layout.
+struct CodesLinear {
+  at::Tensor codes, scales, mins;
+  std::string format;
+};
+
+class DecodeLayers {
+ public:
+  // Per layer, in order: input norm weight, q/k/v, o, post-attention norm weight, gate/up, down;
+  // the linears' codes, scales, mins and formats as four lists of 4 * layers; the caches per layer.
+  DecodeLayers(std::vector<at::Tensor> norm_weights, const std::vector<at::Tensor>& codes,
+               const std::vector<at::Tensor>& scales, const std::vector<at::Tensor>& mins,
+               const std::vector<std::string>& formats, std::vector<at::Tensor> k_caches,
+               std::vector<at::Tensor> v_caches, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
+               double scale);
+
+  // x [rows, hidden] (the embeddings); cos, sin [rows, 1, head_dim]; this step's slot mapping
+  // [rows] int64, block tables [rows, blocks] int32, sequence lengths [rows] int32. Returns the
+  // last layer's (output, residual), before the final norm.
+  std::tuple<at::Tensor, at::Tensor> forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
+                                             const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                                             const at::Tensor& seq_lens) const;
+
+ private:
+  std::vector<at::Tensor> norm_weights_;  // [2 * layers]
+  std::vector<CodesLinear> linears_;      // [4 * layers]: qkv, o, gate_up, down
+  std::vector<at::Tensor> k_caches_, v_caches_;
+  int64_t heads_, kv_heads_, head_dim_;
+  double eps_, scale_;
+};

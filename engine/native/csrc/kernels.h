@@ -1,0 +1,19 @@
+// The native CPU kernels' entry points, for the Python module (bindings.cpp) and for the kernels
+// that call each other (decode_layers.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <tuple>
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale);
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
+                                                      const at::Tensor& weight, double eps);
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                        const std::string& format, bool float32_out);
+std::tuple<at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos,
+                                                 const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache,
+                                                 const at::Tensor& slot_mapping, int64_t heads);
+at::Tensor silu_and_mul(const at::Tensor& x);

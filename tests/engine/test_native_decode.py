@@ -1,0 +1,85 @@
+"""All decoder layers in one native call (engine/models/native_decode.py) against the modules.
+
+The default model on its codes, greedy with logprobs: decode steps taken by the one native call
+give bitwise the modules' logprobs (the same kernels in the same order), counted so the test
+knows the call ran; steps it must not take (prefill chunks, more rows than every layer's codes
+crossover, a batch-invariant request) leave it alone and still give the same tokens.
+"""
+from __future__ import annotations
+
+import pytest
+
+from common.messages import SamplingParams
+from engine.llm import LLM
+from engine.models.group_quantized import GroupQuantizedMethod
+from engine.native import kernels
+
+pytestmark = pytest.mark.skipif(kernels() is None, reason="the native CPU kernels could not be built here")
+
+MAX_ROWS = 4  # every layer on its codes up to 4 rows here, whatever this machine's crossover
+
+
+class CountedCalls:
+    """The native DecodeLayers object, counting its steps."""
+
+    def __init__(self, impl):
+        self.impl, self.calls = impl, 0
+
+    def forward(self, *args):
+        self.calls += 1
+        return self.impl.forward(*args)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    # no prefix caching: the second run of a prompt computes its prefill as the first did
+    llm = LLM(dtype="bfloat16", device="cpu", kv_cache_memory=64 << 20, max_model_len=512, max_num_seqs=8,
+              enable_prefix_caching=False)
+    model = llm.engine.model
+    assert model.native_layers is not None, "the default model's layers should run as one native call"
+    for module in model.modules():
+        if isinstance(getattr(module, "method", None), GroupQuantizedMethod):
+            module.method.max_rows = MAX_ROWS
+    model.native_layers.max_rows = MAX_ROWS
+    model.native_layers.impl = CountedCalls(model.native_layers.impl)
+    return llm
+
+
+def _run(llm: LLM, prompts: list[list[int]], native: bool, **params) -> tuple[list, int]:
+    model = llm.engine.model
+    layers = model.native_layers
+    counter = layers.impl
+    before = counter.calls
+    model.native_layers = layers if native else None
+    try:
+        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, min_tokens=12, logprobs=2,
+                                                       **params))
+    finally:
+        model.native_layers = layers
+    got = [(o.outputs[0].token_ids, [[(t.token_id, t.logprob) for t in step] for step in o.outputs[0].logprobs])
+           for o in outputs]
+    return got, counter.calls - before
+
+
+def _prompts(n: int) -> list[list[int]]:
+    return [[200 + 37 * i + 11 * j for j in range(20 + 5 * i)] for i in range(n)]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_decode_steps_in_one_call_give_the_modules_logprobs_bitwise(llm, rows):
+    native, calls = _run(llm, _prompts(rows), native=True)
+    modules, _ = _run(llm, _prompts(rows), native=False)
+    assert calls >= 11, f"the one native call took {calls} of the 11 decode steps"
+    assert native == modules
+
+
+def test_steps_above_the_crossover_run_the_modules(llm):
+    native, calls = _run(llm, _prompts(MAX_ROWS + 2), native=True)
+    modules, _ = _run(llm, _prompts(MAX_ROWS + 2), native=False)
+    assert calls == 0
+    assert [tokens for tokens, _ in native] == [tokens for tokens, _ in modules]
+
+
+def test_batch_invariant_requests_run_the_modules(llm):
+    _, calls = _run(llm, _prompts(2), native=True, batch_invariant=True)
+    assert calls == 0
