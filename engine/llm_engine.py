@@ -75,8 +75,8 @@ class LLMEngine(EngineCore):
         backend = create_backend(self.platform.attention_backend, arch.num_heads, arch.num_kv_heads, arch.head_dim,
                                  config.block_size, native_kernels)
         kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks), self.dtype, self.device)
-        one_call = unsupported_reason(self.model) if native_kernels is not None else "the native kernels are off"
-        if one_call is None:  # small decode steps: every layer in one native call
+        one_call = "the native kernels are off" if native_kernels is None else unsupported_reason(self.model)
+        if native_kernels is not None and one_call is None:  # small decode steps: every layer in one native call
             self.model.native_layers = NativeDecodeLayers(self.model, native_kernels, kv_caches)
             one_call = f"decode steps of up to {self.model.native_layers.max_rows} rows"
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)

@@ -15,20 +15,19 @@ step swaps `decode_layers_natively` out (engine/trace/recorder.py), so every mod
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 import torch
-from torch import nn
 
 from engine.attention.forward_context import get_forward_context
 from engine.models.group_quantized import GroupQuantizedMethod
 
 
 class NativeDecodeLayers:
-    def __init__(self, model: nn.Module, native: ModuleType, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, model: Any, native: ModuleType, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
         why_not = unsupported_reason(model)
         assert why_not is None, why_not
-        arch = model.arch  # type: ignore[attr-defined]
-        layers = list(model.layers)  # type: ignore[attr-defined]
+        arch, layers = model.arch, list(model.layers)  # a CausalLM of engine/models/llama.py
         norms, methods = [], []
         for layer in layers:
             norms += [layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()]
@@ -43,14 +42,14 @@ class NativeDecodeLayers:
                                         arch.num_kv_heads, arch.head_dim, arch.rms_norm_eps, arch.head_dim ** -0.5)
 
 
-def unsupported_reason(model: nn.Module) -> str | None:
+def unsupported_reason(model: Any) -> str | None:
     """Why the model's layers cannot run as one native call, or None when they can."""
     arch = getattr(model, "arch", None)
     if arch is None or not hasattr(model, "layers"):
         return "not a decoder of engine/models/llama.py"
     if arch.qk_norm:
         return "per-head q/k norms (Qwen3)"
-    for layer in model.layers:  # type: ignore[attr-defined]
+    for layer in model.layers:
         linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
         if not all(isinstance(linear.method, GroupQuantizedMethod) for linear in linears):
             return "a layer's linears are not all on GGUF codes"
