@@ -9,9 +9,9 @@
 // softmax and the weighted sum are float32; each split's work depends only on its own sequence,
 // so a row's result does not depend on the batch.
 //
-// With AVX-512 and head_dim 64 or 128, keys go 16 at a time: their bf16 rows widened once into
-// an L1 buffer shared by the group's heads, 16 scores in one vector (a transposing reduction),
-// one vector exp per head, and the weighted sum of V kept in registers per 16 dimensions.
+// With AVX-512 and head_dim 64 or 128, keys go 16 at a time: 16 scores in one vector (a
+// transposing reduction), one vector exp per head, the weighted sum of V in registers; a bf16
+// cache is read by VDPBF16PS directly (attend_split_bf16).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -133,108 +133,173 @@ inline __m512 sum_lanes16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
 }
 
-// attend_split for head_dim = 16 * C, in vectors (same arguments)
-template <typename T, int C>
-void attend_split_vec(const T* q, const T* k_cache, const T* v_cache, const int32_t* table, int64_t begin,
-                      int64_t end, int64_t group, int64_t block_size, int64_t kv_head_stride, float scale,
-                      float* acc, float* max_out, float* sum_out) {
-  constexpr int64_t head_dim = 16 * C;
-#if defined(__AVX512BF16__)
-  // bf16 scores straight from the cache's rows: q . k in VDPBF16PS (exact products, float32
-  // sums), scaled afterwards
-  constexpr bool kDotBf16 = std::is_same_v<T, at::BFloat16>;
-#else
-  constexpr bool kDotBf16 = false;
-#endif
-  alignas(64) float qf[kMaxGroup][head_dim];
-  alignas(64) float kf[kDotBf16 ? 1 : kChunk][head_dim];
-  alignas(64) float vf[kChunk][head_dim];
-  alignas(64) float p[kChunk];
-  float m[kMaxGroup], l[kMaxGroup];
-  for (int64_t g = 0; g < group; ++g) {
-    for (int c = 0; c < C; ++c) {
-      if constexpr (!kDotBf16)
-        _mm512_store_ps(qf[g] + 16 * c, _mm512_mul_ps(load16(q + g * head_dim + 16 * c), _mm512_set1_ps(scale)));
-      _mm512_storeu_ps(acc + g * head_dim + 16 * c, _mm512_setzero_ps());
-    }
-    m[g] = -std::numeric_limits<float>::infinity();
-    l[g] = 0.f;
-  }
-  for (int64_t t0 = begin; t0 < end;) {  // chunks of up to 16 keys within one block
+// One chunk's step of the online softmax: scores (lanes past the chunk's keys masked) -> the
+// weights exp(score - new max), 0 past the keys; `max` moves to the new maximum and `rescale` is
+// what to multiply the sums so far by (0 at the first chunk).
+inline __m512 softmax_chunk(__m512 scores, __mmask16 valid, float& max, float& rescale) {
+  scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), scores);
+  const float new_max = std::max(max, _mm512_reduce_max_ps(scores));
+  rescale = std::exp(max - new_max);
+  max = new_max;
+  return _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
+}
+
+// Chunks of up to 16 keys within one block, [t0, t1) from begin to end: fn(first key's row offset, n)
+template <typename Fn>
+inline void for_each_chunk(const int32_t* table, int64_t begin, int64_t end, int64_t block_size, int64_t head_dim,
+                           Fn fn) {
+  for (int64_t t0 = begin; t0 < end;) {
     const int64_t t1 = std::min<int64_t>({end, (t0 / block_size + 1) * block_size, t0 + kChunk});
-    const int n = static_cast<int>(t1 - t0);
-    const int64_t base = (static_cast<int64_t>(table[t0 / block_size]) * block_size + t0 % block_size) * head_dim;
-    const T* krows = k_cache + kv_head_stride + base;
-    const T* vrows = v_cache + kv_head_stride + base;
-    for (int j = 0; j < n; ++j)
-      for (int c = 0; c < C; ++c) {
-        if constexpr (!kDotBf16) _mm512_store_ps(kf[j] + 16 * c, load16(krows + j * head_dim + 16 * c));
-        _mm512_store_ps(vf[j] + 16 * c, load16(vrows + j * head_dim + 16 * c));
-      }
+    fn((static_cast<int64_t>(table[t0 / block_size]) * block_size + t0 % block_size) * head_dim,
+       static_cast<int>(t1 - t0));
+    t0 = t1;
+  }
+}
+
+// attend_split for a float32 cache, head_dim = 16 * C (same arguments): K and V rows read as
+// vectors, 16 scores per reduction, the weighted sum in registers per 16 dimensions
+template <int C>
+void attend_split_f32(const float* q, const float* k_cache, const float* v_cache, const int32_t* table, int64_t begin,
+                      int64_t end, int64_t group, int64_t block_size, int64_t kv_head_stride, float scale, float* acc,
+                      float* max_out, float* sum_out) {
+  constexpr int64_t head_dim = 16 * C;
+  alignas(64) float p[kChunk];
+  for (int64_t g = 0; g < group; ++g) {
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + g * head_dim + 16 * c, _mm512_setzero_ps());
+    max_out[g] = -std::numeric_limits<float>::infinity();
+    sum_out[g] = 0.f;
+  }
+  for_each_chunk(table, begin, end, block_size, head_dim, [&](int64_t base, int n) {
+    const float* krows = k_cache + kv_head_stride + base;
+    const float* vrows = v_cache + kv_head_stride + base;
     const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
     for (int64_t g = 0; g < group; ++g) {
-      __m512 parts[kChunk];
-      if constexpr (kDotBf16) {
-#if defined(__AVX512BF16__)
-        __m512bh qv[C / 2];
-        for (int c = 0; c < C / 2; ++c)
-          qv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + g * head_dim + 32 * c));
-        for (int j = 0; j < kChunk; ++j) {
-          __m512 s = _mm512_setzero_ps();
-          if (j < n)
-            for (int c = 0; c < C / 2; ++c)
-              s = _mm512_dpbf16_ps(s, qv[c], reinterpret_cast<__m512bh>(
-                                                 _mm512_loadu_si512(krows + j * head_dim + 32 * c)));
-          parts[j] = s;
-        }
-#endif
-      } else {
-        __m512 qv[C];
-        for (int c = 0; c < C; ++c) qv[c] = _mm512_load_ps(qf[g] + 16 * c);
-        for (int j = 0; j < kChunk; ++j) {
-          __m512 s = _mm512_setzero_ps();
-          if (j < n)
-            for (int c = 0; c < C; ++c) s = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kf[j] + 16 * c), s);
-          parts[j] = s;
-        }
+      __m512 qv[C], parts[kChunk];
+      for (int c = 0; c < C; ++c)
+        qv[c] = _mm512_mul_ps(_mm512_loadu_ps(q + g * head_dim + 16 * c), _mm512_set1_ps(scale));
+      for (int j = 0; j < kChunk; ++j) {
+        __m512 s = _mm512_setzero_ps();
+        if (j < n)
+          for (int c = 0; c < C; ++c) s = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(krows + j * head_dim + 16 * c), s);
+        parts[j] = s;
       }
-      __m512 dots = sum_lanes16(parts);
-      if constexpr (kDotBf16) dots = _mm512_mul_ps(dots, _mm512_set1_ps(scale));
-      const __m512 scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), dots);
-      const float new_max = std::max(m[g], _mm512_reduce_max_ps(scores));
-      const float rescale = std::exp(m[g] - new_max);  // what was summed under the old maximum (0 at first)
-      const __m512 probs = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
-      m[g] = new_max;
-      l[g] = l[g] * rescale + _mm512_reduce_add_ps(probs);
+      float rescale;
+      const __m512 probs = softmax_chunk(sum_lanes16(parts), valid, max_out[g], rescale);
+      sum_out[g] = sum_out[g] * rescale + _mm512_reduce_add_ps(probs);
       _mm512_store_ps(p, probs);
       float* a = acc + g * head_dim;
       for (int c = 0; c < C; ++c) {
         __m512 av = _mm512_mul_ps(_mm512_loadu_ps(a + 16 * c), _mm512_set1_ps(rescale));
-        for (int j = 0; j < n; ++j) av = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_load_ps(vf[j] + 16 * c), av);
+        for (int j = 0; j < n; ++j)
+          av = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(vrows + j * head_dim + 16 * c), av);
         _mm512_storeu_ps(a + 16 * c, av);
       }
     }
-    t0 = t1;
-  }
+  });
+}
+
+#if defined(__AVX512BF16__)
+// attend_split for a bfloat16 cache, head_dim = 32 * C2 (same arguments), all in VDPBF16PS on
+// the cache's own rows:
+// - scores: q . k (exact products, float32 sums), then times scale;
+// - the weighted sum of V: two keys' rows interleaved word by word (shared by the group's heads)
+//   against their two weights as a bf16 pair, so one instruction adds p_j v_j + p_j+1 v_j+1 for
+//   16 dimensions. The weights are rounded to bf16 (as the torch path rounds its probabilities),
+//   and the sum of weights is taken over the rounded ones. The interleave leaves the dimensions
+//   of each 32 in the order of unpacklo / unpackhi, put back when the split ends.
+template <int C2>
+void attend_split_bf16(const at::BFloat16* q, const at::BFloat16* k_cache, const at::BFloat16* v_cache,
+                       const int32_t* table, int64_t begin, int64_t end, int64_t group, int64_t block_size,
+                       int64_t kv_head_stride, float scale, float* acc, float* max_out, float* sum_out) {
+  constexpr int64_t head_dim = 32 * C2;
+  __m512i pairs[kChunk / 2][C2][2];  // [key pair][32 dimensions][unpacklo, unpackhi]
+  alignas(64) uint32_t weight_pairs[kChunk / 2];
   for (int64_t g = 0; g < group; ++g) {
-    max_out[g] = m[g];
-    sum_out[g] = l[g];
+    for (int c = 0; c < 2 * C2; ++c) _mm512_storeu_ps(acc + g * head_dim + 16 * c, _mm512_setzero_ps());
+    max_out[g] = -std::numeric_limits<float>::infinity();
+    sum_out[g] = 0.f;
   }
+  for_each_chunk(table, begin, end, block_size, head_dim, [&](int64_t base, int n) {
+    const at::BFloat16* krows = k_cache + kv_head_stride + base;
+    const at::BFloat16* vrows = v_cache + kv_head_stride + base;
+    const int num_pairs = (n + 1) / 2;
+    for (int jp = 0; jp < num_pairs; ++jp)
+      for (int c = 0; c < C2; ++c) {
+        const __m512i a = _mm512_loadu_si512(vrows + (2 * jp) * head_dim + 32 * c);
+        const __m512i b = 2 * jp + 1 < n ? _mm512_loadu_si512(vrows + (2 * jp + 1) * head_dim + 32 * c)
+                                         : _mm512_setzero_si512();
+        pairs[jp][c][0] = _mm512_unpacklo_epi16(a, b);
+        pairs[jp][c][1] = _mm512_unpackhi_epi16(a, b);
+      }
+    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+    for (int64_t g = 0; g < group; ++g) {
+      __m512bh qv[C2];
+      for (int c = 0; c < C2; ++c) qv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + g * head_dim + 32 * c));
+      __m512 parts[kChunk];
+      for (int j = 0; j < kChunk; ++j) {
+        __m512 s = _mm512_setzero_ps();
+        if (j < n)
+          for (int c = 0; c < C2; ++c)
+            s = _mm512_dpbf16_ps(s, qv[c], reinterpret_cast<__m512bh>(_mm512_loadu_si512(krows + j * head_dim + 32 * c)));
+        parts[j] = s;
+      }
+      float rescale;
+      const __m512 probs = softmax_chunk(_mm512_mul_ps(sum_lanes16(parts), _mm512_set1_ps(scale)), valid, max_out[g],
+                                         rescale);
+      const __m256i rounded = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(probs));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(weight_pairs), rounded);
+      const __m512 used = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16));
+      sum_out[g] = sum_out[g] * rescale + _mm512_reduce_add_ps(used);
+      float* a = acc + g * head_dim;
+      __m512 av[2 * C2];
+      for (int c = 0; c < 2 * C2; ++c) av[c] = _mm512_mul_ps(_mm512_loadu_ps(a + 16 * c), _mm512_set1_ps(rescale));
+      for (int jp = 0; jp < num_pairs; ++jp) {
+        const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(weight_pairs[jp])));
+        for (int c = 0; c < C2; ++c)
+          for (int h = 0; h < 2; ++h)
+            av[2 * c + h] = _mm512_dpbf16_ps(av[2 * c + h], reinterpret_cast<__m512bh>(pairs[jp][c][h]), w);
+      }
+      for (int c = 0; c < 2 * C2; ++c) _mm512_storeu_ps(a + 16 * c, av[c]);
+    }
+  });
+  // back to dimension order: per 32, unpacklo held 128-bit lanes of dimensions 0-3, 8-11, 16-19,
+  // 24-27 and unpackhi 4-7, 12-15, 20-23, 28-31
+  for (int64_t g = 0; g < group; ++g)
+    for (int c = 0; c < C2; ++c) {
+      float* a = acc + g * head_dim + 32 * c;
+      const __m512 lo = _mm512_loadu_ps(a), hi = _mm512_loadu_ps(a + 16);
+      const __m512 first = _mm512_shuffle_f32x4(lo, hi, 0x44), second = _mm512_shuffle_f32x4(lo, hi, 0xEE);
+      _mm512_storeu_ps(a, _mm512_shuffle_f32x4(first, first, 0xD8));
+      _mm512_storeu_ps(a + 16, _mm512_shuffle_f32x4(second, second, 0xD8));
+    }
 }
 #endif
+#endif  // __AVX512F__
 
-// one (sequence, kv head, key range) with the kernel for its head size
+// one (sequence, kv head, key range) with the kernel for its dtype and head size
 template <typename T>
 void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table, int64_t begin, int64_t end,
             int64_t group, int64_t head_dim, int64_t block_size, int64_t kv_head_stride, float scale, float* acc,
             float* max_out, float* sum_out) {
 #if defined(__AVX512F__)
-  if (head_dim == 64)
-    return attend_split_vec<T, 4>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
+  if constexpr (std::is_same_v<T, float>) {
+    if (head_dim == 64)
+      return attend_split_f32<4>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
+                                 acc, max_out, sum_out);
+    if (head_dim == 128)
+      return attend_split_f32<8>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
+                                 acc, max_out, sum_out);
+  }
+#endif
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    if (head_dim == 64)
+      return attend_split_bf16<2>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
                                   acc, max_out, sum_out);
-  if (head_dim == 128)
-    return attend_split_vec<T, 8>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
+    if (head_dim == 128)
+      return attend_split_bf16<4>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
                                   acc, max_out, sum_out);
+  }
 #endif
   attend_split(q, k_cache, v_cache, table, begin, end, group, head_dim, block_size, kv_head_stride, scale, acc,
                max_out, sum_out);
