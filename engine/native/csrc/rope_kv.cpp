@@ -13,6 +13,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "vec16.h"
+
 #include <cstring>
 #include <tuple>
 
@@ -21,6 +23,18 @@ namespace {
 template <typename T>
 void rotate(const T* x, const T* cos, const T* sin, T* out, int64_t head_dim) {
   const int64_t half = head_dim / 2;
+#if defined(__AVX512F__)
+  if (half % 16 == 0) {  // 16 lanes at a time; the rotated half of lanes d.. starts at (d + half) % head_dim
+    using llm_serve::load16;
+    using llm_serve::round_to;
+    for (int64_t d = 0; d < head_dim; d += 16) {
+      const __m512 a = round_to<T>(_mm512_mul_ps(load16(x + d), load16(cos + d)));
+      const __m512 b = round_to<T>(_mm512_mul_ps(load16(x + (d + half) % head_dim), load16(sin + d)));
+      llm_serve::store16(out + d, _mm512_add_ps(a, b));
+    }
+    return;
+  }
+#endif
   for (int64_t d = 0; d < head_dim; ++d) {
     const float swapped = static_cast<float>(d < half ? x[d + half] : x[d - half]);
     const T a = static_cast<T>(static_cast<float>(x[d]) * static_cast<float>(cos[d]));
