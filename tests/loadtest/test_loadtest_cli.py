@@ -137,7 +137,10 @@ def test_ctrl_c_writes_partial_results(tmp_path):
     try:
         cmd = [sys.executable, "-m", "loadtest", "--base-url", slow.base_url, "--num-prompts", "20",
                "--concurrency", "2", "--output-len", "10", "--warmup", "0", "--output-dir", str(tmp_path)]  # fmt: skip
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Ctrl-C's default action in the child, even where this test runs with SIGINT ignored (a
+        # shell's background job): Python then installs no KeyboardInterrupt handler at all
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 30
         while slow.requests_seen < 4 and time.monotonic() < deadline:  # two finished, two in flight
             time.sleep(0.02)
