@@ -44,13 +44,9 @@ std::tuple<at::Tensor, at::Tensor> DecodeLayers::forward(at::Tensor x, const at:
   at::Tensor residual;
   for (size_t layer = 0; layer < k_caches_.size(); ++layer) {
     const CodesLinear* w = &linears_[4 * layer];
-    at::Tensor h;
-    if (layer == 0) {
-      h = std::get<0>(fused_add_rms_norm(x, c10::nullopt, norm_weights_[0], eps_));
-      residual = x;
-    } else {
-      std::tie(h, residual) = fused_add_rms_norm(x, residual, norm_weights_[2 * layer], eps_);
-    }
+    at::Tensor h;  // the first layer has no residual yet: the norm's "sum" is then x itself
+    std::tie(h, residual) = fused_add_rms_norm(x, layer == 0 ? c10::optional<at::Tensor>() : residual,
+                                               norm_weights_[2 * layer], eps_);
     const at::Tensor qkv = apply(w[0], h);
     const at::Tensor qk = qkv.slice(1, 0, q_size + kv_size).view({rows, heads_ + kv_heads_, head_dim_});
     const at::Tensor v = qkv.slice(1, q_size + kv_size).view({rows, kv_heads_, head_dim_});
