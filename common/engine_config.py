@@ -48,6 +48,13 @@ class EngineConfig:
         False, "every request's logits independent of the batch it lands in (a request can also ask with "
                '"batch_invariant": true)')
 
+    attention_backend: str = opt(
+        "auto", "auto: triton-paged on CUDA (Triton kernels), torch-paged on CPU (torch ops and the native "
+                "kernels); triton-paged on CPU only under Triton's interpreter (TRITON_INTERPRET=1, for tests)",
+        choices=("auto", "torch-paged", "triton-paged"))
+    enforce_eager: bool = opt(
+        False, "on CUDA, run decode steps eagerly instead of replaying captured CUDA graphs")
+
     native_kernels: bool = opt(
         True, "on CPU, attend decode batches with the native C++ kernel (built for this CPU on first use and "
               "cached; if it cannot be built, the torch path runs and the log says why)")

@@ -72,8 +72,8 @@ class LLMEngine(EngineCore):
         for module in self.model.modules():
             if isinstance(module, RMSNorm | MLP):
                 module.native = native_kernels  # fused add + RMSNorm, silu-and-mul
-        backend = create_backend(self.platform.attention_backend, arch.num_heads, arch.num_kv_heads, arch.head_dim,
-                                 config.block_size, native_kernels)
+        backend = create_backend(self.platform.choose_attention_backend(config.attention_backend), arch.num_heads,
+                                 arch.num_kv_heads, arch.head_dim, config.block_size, native_kernels)
         kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks), self.dtype, self.device)
         one_call = "the native kernels are off" if native_kernels is None else unsupported_reason(self.model)
         if native_kernels is not None and one_call is None:  # small decode steps: every layer in one native call

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,17 @@ class Platform(abc.ABC):
         if device.type == "cuda":
             return CudaPlatform(device, resolve_dtype(dtype_name, device))
         return CpuPlatform(device, resolve_dtype(dtype_name, device))
+
+    def choose_attention_backend(self, requested: str) -> str:
+        """--attention-backend: auto takes the platform's; triton-paged needs CUDA or, on a CPU,
+        Triton's interpreter (the kernels' tests)."""
+        if requested == "auto":
+            return self.attention_backend
+        if requested == "triton-paged" and self.device.type != "cuda" and not triton_interpreted():
+            raise ValueError("--attention-backend triton-paged needs a CUDA device (on a CPU it runs only under "
+                             "Triton's interpreter, TRITON_INTERPRET=1)")
+        self.attention_backend = requested
+        return requested
 
     @abc.abstractmethod
     def configure_host(self) -> None:
@@ -117,6 +129,11 @@ class CpuPlatform(Platform):
 
 
 class CudaPlatform(Platform):
+    def __init__(self, device: torch.device, dtype: torch.dtype):
+        super().__init__(device, dtype)
+        # Triton ships with CUDA builds of torch; without it the torch ops still run
+        self.attention_backend = "triton-paged" if triton_available() else "torch-paged"
+
     def configure_host(self) -> None:
         pass  # the host threads only launch kernels and tensors live on the device: defaults are fine
 
@@ -153,6 +170,19 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "float16" and device.type == "cpu":
         raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
     return _DTYPES[name]
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def triton_interpreted() -> bool:
+    """Triton kernels run on CPU tensors through the interpreter (set before triton is imported)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1" and triton_available()
 
 
 def _cpu_flags() -> set[str]:

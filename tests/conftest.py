@@ -1,8 +1,19 @@
 """Shared fixtures: tiny random-weight model folders written by transformers itself."""
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# The CUDA backend's Triton kernels run on CPU tensors only through Triton's interpreter, which
+# triton picks for every kernel (its own library's too) as it is imported: so before anything
+# imports it. On a CUDA test device (LLM_TEST_DEVICE=cuda, the GPU check) the kernels compile.
+if os.environ.get("LLM_TEST_DEVICE", "cpu") == "cpu":  # (device_under_test.py reads the same)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import importlib  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from device_under_test import TEST_DEVICE  # noqa: E402
 
 
 def _save_tiny(tmp_path_factory, name: str, config) -> str:
@@ -58,3 +69,13 @@ def tiny_qwen3_dir(tmp_path_factory):
 @pytest.fixture(params=["tiny_llama_dir", "tiny_llama3_dir", "tiny_qwen3_dir"])
 def tiny_model_dir(request):
     return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="session")
+def triton_kernels():
+    """engine.attention.triton_kernels (the CUDA backend's), runnable on TEST_DEVICE: compiled on
+    CUDA, interpreted on a CPU."""
+    pytest.importorskip("triton")
+    if TEST_DEVICE == "cpu":
+        assert os.environ.get("TRITON_INTERPRET") == "1", "Triton's interpreter must be on before triton is imported"
+    return importlib.import_module("engine.attention.triton_kernels")

@@ -36,4 +36,8 @@ def create_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int, 
         from engine.attention.torch_paged import TorchPagedBackend
 
         return TorchPagedBackend(num_heads, num_kv_heads, head_dim, block_size, native)
+    if name == "triton-paged":
+        from engine.attention.triton_paged import TritonPagedBackend
+
+        return TritonPagedBackend(num_heads, num_kv_heads, head_dim, block_size)
     raise ValueError(f"unknown attention backend {name!r}")

@@ -80,18 +80,10 @@ class TorchPagedBackend:
         return np.argsort(kind, kind="stable")
 
     def build_metadata(self, inputs: StepInputs) -> TorchPagedMetadata:
-        query_lens = inputs.query_lens_np
-        invariant = inputs.batch_invariant_np
-        num_normal = inputs.num_reqs  # the requests before the batch-invariant ones
-        if invariant is not None and invariant.any():
-            num_normal = int(np.argmax(invariant))
-        normal_lens = query_lens[:num_normal]
-        num_single = int(np.argmin(normal_lens == 1)) if (normal_lens != 1).any() else num_normal
-        assert (normal_lens[num_single:] > 1).all(), "one-query requests must come first (order_requests)"
+        num_single, num_normal = batch_parts(inputs)
         bs, device = self.block_size, inputs.positions.device
         meta = TorchPagedMetadata(inputs.slot_mapping, num_single, None, None, [])
         if num_normal < inputs.num_reqs:
-            assert invariant is not None and invariant[num_normal:].all(), "batch-invariant requests come last"
             meta.invariant = self._invariant_rows(inputs, num_normal)
         if num_single:
             lens = inputs.seq_lens[:num_single]
@@ -130,6 +122,19 @@ class TorchPagedBackend:
         if chunk.mask is None:
             return "sdpa, causal (the whole sequence in this step)"
         return f"sdpa with a mask (after {chunk.context_len - chunk.query_len} cached tokens)"
+
+    def decode_metadata(self, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                        seq_lens: torch.Tensor) -> TorchPagedMetadata:
+        """A one-query-per-row step from fixed-shape buffers (a padded decode batch, engine/runner/
+        decode_graphs.py): every row attends its own keys, masked by seq_lens."""
+        meta = TorchPagedMetadata(slot_mapping, len(seq_lens), block_tables, None, [])
+        if self.native is not None:
+            meta.single_seq_lens = seq_lens
+        else:
+            keys = block_tables.shape[1] * self.block_size
+            past_end = torch.arange(keys, device=seq_lens.device).unsqueeze(0) >= seq_lens.unsqueeze(1)
+            meta.single_mask = past_end.repeat(self.num_kv_heads, 1).unsqueeze(1)
+        return meta
 
     def _invariant_rows(self, inputs: StepInputs, first: int) -> InvariantRows:
         """Every row of requests first..num_reqs-1: its position and its request's blocks."""
@@ -205,6 +210,20 @@ class TorchPagedBackend:
         probs = scores.softmax(dim=-1).to(q.dtype)
         out = torch.bmm(probs, values)  # [kvh*seqs, group, head_dim]
         return out.view(num_kv_heads, num_seqs, group, head_dim).transpose(0, 1).reshape(num_seqs, num_heads, head_dim)
+
+
+def batch_parts(inputs: StepInputs) -> tuple[int, int]:
+    """(num_single, num_normal): requests [0, num_single) have one query row each, [num_single,
+    num_normal) longer chunks, [num_normal, num_reqs) ask for batch invariance (order_requests)."""
+    query_lens = inputs.query_lens_np
+    invariant = inputs.batch_invariant_np
+    num_normal = inputs.num_reqs  # the requests before the batch-invariant ones
+    if invariant is not None and invariant.any():
+        num_normal = int(np.argmax(invariant))
+    normal_lens = query_lens[:num_normal]
+    num_single = int(np.argmin(normal_lens == 1)) if (normal_lens != 1).any() else num_normal
+    assert (normal_lens[num_single:] > 1).all(), "one-query requests must come first (order_requests)"
+    return num_single, num_normal
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
