@@ -9,6 +9,7 @@ lifecycle (add_request / abort / step) is EngineCore's.
 from __future__ import annotations
 
 import logging
+import time
 from types import ModuleType
 
 import torch
@@ -34,6 +35,7 @@ from engine.platform import Platform
 from engine.roofline.cost_model import RooflineModel
 from engine.roofline.measure import measured_limits
 from engine.roofline.step_account import StepRoofline
+from engine.runner.decode_graphs import DecodeGraphs, capture_sizes
 from engine.runner.kv_cache import allocate_kv_caches, bytes_per_block
 from engine.runner.model_runner import ModelRunner
 from engine.structured.manager import StructuredOutputManager
@@ -74,7 +76,10 @@ class LLMEngine(EngineCore):
                 module.native = native_kernels  # fused add + RMSNorm, silu-and-mul
         backend = create_backend(self.platform.choose_attention_backend(config.attention_backend), arch.num_heads,
                                  arch.num_kv_heads, arch.head_dim, config.block_size, native_kernels)
-        kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks), self.dtype, self.device)
+        # one block more than the block manager hands out: the padded rows of a captured decode batch
+        pad_block = num_blocks
+        kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks + 1), self.dtype,
+                                       self.device)
         one_call = "the native kernels are off" if native_kernels is None else unsupported_reason(self.model)
         if native_kernels is not None and one_call is None:  # small decode steps: every layer in one native call
             self.model.native_layers = NativeDecodeLayers(self.model, native_kernels, kv_caches)
@@ -86,6 +91,14 @@ class LLMEngine(EngineCore):
         runner = ModelRunner(self.model, kv_caches, backend, config.block_size, config.max_num_seqs,
                              config.max_num_batched_tokens, max_model_len, self.device, self.eos_token_ids,
                              config.seed)
+        graphs = "off (--enforce-eager)" if config.enforce_eager else "off (a CPU)"
+        if self.device.type == "cuda" and not config.enforce_eager:
+            runner.decode_graphs = DecodeGraphs(self.model, backend, kv_caches, capture_sizes(config.max_num_seqs),
+                                                max_model_len, config.block_size, pad_block, self.device)
+            start = time.perf_counter()
+            with torch.inference_mode():
+                runner.decode_graphs.capture()
+            graphs = f"{runner.decode_graphs.describe()} in {time.perf_counter() - start:.1f} s"
         super().__init__(scheduler, runner, arch.vocab_size, max_model_len, config.batch_invariant)
         element_bytes = self.dtype.itemsize  # the KV cache and activations are in the engine's dtype
         # weights as a decode step reads them (the codes' where they run; a batch above the
@@ -98,6 +111,7 @@ class LLMEngine(EngineCore):
                     "on" if native_kernels is not None else "off, torch ops")
         logger.info("all layers in one native call: %s", one_call)
         logger.info("batch-invariant rows: %s", describe_invariance(invariance))
+        logger.info("decode graphs: %s", graphs)
         logger.info("KV cache %d blocks x %d = %d tokens, max_model_len %d", num_blocks, config.block_size,
                     self.num_kv_tokens, max_model_len)
         logger.info("machine limits (roofline metrics): %s", self.machine_limits.describe())

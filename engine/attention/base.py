@@ -62,6 +62,12 @@ class AttentionBackend(Protocol):
     def build_metadata(self, inputs: StepInputs) -> Any:
         ...
 
+    def decode_metadata(self, slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor) -> Any:
+        """A step of one query row per sequence from fixed-shape buffers (slot_mapping [rows]
+        int64, block_tables [rows, width] int32 at full width, seq_lens [rows] int32), without
+        reading them on the host: what a captured decode graph replays (engine/runner/decode_graphs.py)."""
+        ...
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: Any, scale: float,
                 kv_written: bool = False) -> torch.Tensor:

@@ -23,6 +23,7 @@ from engine.core.outputs import RunnerOutput, SchedulerOutput
 from engine.models.batch_invariance import invariant_rows_from
 from engine.models.llama import CausalLM
 from engine.runner.buffers import CpuGpuBuffer
+from engine.runner.decode_graphs import DecodeGraphs
 from engine.runner.input_batch import InputBatch
 from engine.sample.sampler import Sampler, SamplerOutput
 from engine.sample.verify import accept_drafts
@@ -80,6 +81,8 @@ class ModelRunner:
         # has no host sync: the host must not rewrite the pinned buffers before they are copied.
         self._staged: torch.cuda.Event | None = None
         self.tracer = RequestTracer(model, backend, device)
+        # decode steps at padded batch sizes, captured as CUDA graphs (set by the engine on CUDA)
+        self.decode_graphs: DecodeGraphs | None = None
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> RunnerOutput:
@@ -100,7 +103,7 @@ class ModelRunner:
 
     def _run(self, so: SchedulerOutput, inputs: ModelInputs, trace: StepTrace | None) -> RunnerOutput:
         """Forward, logits and sampling of a prepared step; `trace` takes a lap after each."""
-        hidden = self.forward(inputs)
+        hidden = self.forward(inputs, eager=trace is not None)  # a traced step times every module
         if trace is not None:
             trace.lap("forward")
         if not inputs.sampled_request_ids:
@@ -257,8 +260,13 @@ class ModelRunner:
                 else int(num_logits[: len(normal_samples)].sum())
         return inputs
 
-    def forward(self, inputs: ModelInputs) -> torch.Tensor:
-        """Hidden states [num_tokens, hidden] of the flat batch."""
+    def forward(self, inputs: ModelInputs, eager: bool = False) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] of the flat batch: a decode step through the captured
+        graphs where there are (not `eager`), else the model's modules."""
+        step, graphs = inputs.attention, self.decode_graphs
+        if graphs is not None and graphs.takes(step.num_tokens, step.num_reqs,
+                                               eager or inputs.invariant_token_start is not None):
+            return graphs.run(inputs.input_ids, step.positions, step.slot_mapping, step.block_table, step.seq_lens)
         metadata = self.backend.build_metadata(inputs.attention)
         with forward_context(ForwardContext(self.backend, metadata, self.kv_caches)), \
                 invariant_rows_from(inputs.invariant_token_start):
