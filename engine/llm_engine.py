@@ -38,6 +38,7 @@ from engine.roofline.step_account import StepRoofline
 from engine.runner.decode_graphs import DecodeGraphs, capture_sizes
 from engine.runner.kv_cache import allocate_kv_caches, bytes_per_block
 from engine.runner.model_runner import ModelRunner
+from engine.runner.profile_run import peak_activation_bytes
 from engine.structured.manager import StructuredOutputManager
 from engine.utils import cdiv
 
@@ -66,7 +67,16 @@ class LLMEngine(EngineCore):
         # how batch-invariant rows go through each linear shape (engine/models/batch_invariance.py)
         invariance = probe_batch_invariance(self.model, self.dtype, self.device, config.max_num_batched_tokens,
                                             config.max_num_batched_tokens)
-        num_blocks = self._num_kv_blocks(config, arch, max_model_len)
+        backend = create_backend(self.platform.choose_attention_backend(config.attention_backend), arch.num_heads,
+                                 arch.num_kv_heads, arch.head_dim, config.block_size, native_kernels)
+        activation_bytes = 0
+        if self.device.type == "cuda" and config.kv_cache_memory is None:  # what the largest step needs, first
+            activation_bytes = peak_activation_bytes(self.model, backend, self.dtype, self.device,
+                                                     config.max_num_batched_tokens, config.max_num_seqs,
+                                                     config.block_size)
+            logger.info("the largest step (%d tokens, %d logits rows) peaks at %.2f GiB of activations",
+                        config.max_num_batched_tokens, config.max_num_seqs, activation_bytes / 2**30)
+        num_blocks = self._num_kv_blocks(config, arch, max_model_len, activation_bytes)
         self.num_kv_tokens = num_blocks * config.block_size
         if self.num_kv_tokens < max_model_len:
             raise ValueError(f"the KV cache holds {self.num_kv_tokens} tokens, fewer than max_model_len "
@@ -74,8 +84,6 @@ class LLMEngine(EngineCore):
         for module in self.model.modules():
             if isinstance(module, RMSNorm | MLP):
                 module.native = native_kernels  # fused add + RMSNorm, silu-and-mul
-        backend = create_backend(self.platform.choose_attention_backend(config.attention_backend), arch.num_heads,
-                                 arch.num_kv_heads, arch.head_dim, config.block_size, native_kernels)
         # one block more than the block manager hands out: the padded rows of a captured decode batch
         pad_block = num_blocks
         kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks + 1), self.dtype,
@@ -135,8 +143,8 @@ class LLMEngine(EngineCore):
                     ", ".join(dense_left) or "none")
         return True
 
-    def _num_kv_blocks(self, config: EngineConfig, arch: ModelArch, max_model_len: int) -> int:
-        budget = self.platform.kv_cache_budget(config)
+    def _num_kv_blocks(self, config: EngineConfig, arch: ModelArch, max_model_len: int, activation_bytes: int) -> int:
+        budget = self.platform.kv_cache_budget(config, activation_bytes)
         # More blocks than every sequence at full length could use is memory for nothing.
         useful = config.max_num_seqs * cdiv(max_model_len, config.block_size)
         return max(1, min(budget // bytes_per_block(arch, config.block_size, self.dtype), useful))

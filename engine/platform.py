@@ -82,8 +82,9 @@ class Platform(abc.ABC):
         """Bytes the engine may still allocate on its device."""
 
     @abc.abstractmethod
-    def kv_cache_budget(self, config: EngineConfig) -> int:
-        """Bytes for the KV cache: --kv-cache-memory when given, else the device's default share."""
+    def kv_cache_budget(self, config: EngineConfig, activation_bytes: int = 0) -> int:
+        """Bytes for the KV cache: --kv-cache-memory when given, else the device's default share
+        (`activation_bytes`: the largest step's peak, engine/runner/profile_run.py, where measured)."""
 
     def linear_method(self, batch_hint: int) -> LinearMethod:
         return LinearMethod()
@@ -107,7 +108,7 @@ class CpuPlatform(Platform):
     def available_memory(self) -> int:
         return available_host_memory()
 
-    def kv_cache_budget(self, config: EngineConfig) -> int:
+    def kv_cache_budget(self, config: EngineConfig, activation_bytes: int = 0) -> int:
         if config.kv_cache_memory is not None:
             return config.kv_cache_memory
         return min(int(self.available_memory() * config.cpu_kv_cache_fraction), CPU_KV_CACHE_MAX_BYTES)
@@ -141,10 +142,13 @@ class CudaPlatform(Platform):
         free, _total = torch.cuda.mem_get_info(self.device)
         return free
 
-    def kv_cache_budget(self, config: EngineConfig) -> int:
+    def kv_cache_budget(self, config: EngineConfig, activation_bytes: int = 0) -> int:
+        """vLLM's rule: the utilization's share of the whole device, less what is in use now (the
+        weights, the CUDA context, other processes) and the largest step's activations."""
         if config.kv_cache_memory is not None:
             return config.kv_cache_memory
-        return int(self.available_memory() * config.gpu_memory_utilization)
+        free, total = torch.cuda.mem_get_info(self.device)
+        return max(0, int(total * config.gpu_memory_utilization) - (total - free) - activation_bytes)
 
     def describe(self, batch_hint: int) -> str:
         return f"{super().describe(batch_hint)}; {torch.cuda.get_device_name(self.device)}"

@@ -1,5 +1,8 @@
 """Our model's logits against transformers' on tiny random configs (fp32, max abs diff < 1e-4).
 
+On CUDA (the GPU check: LLM_TEST_DEVICE=cuda) the same tests run the Triton backend and the
+captured decode graphs against transformers on the CPU.
+
 "Mathematically equivalent" is not bitwise identical: chunking and batching change the order of
 floating-point sums, so every comparison uses a tolerance.
 """
@@ -7,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from device_under_test import TEST_DEVICE
 from transformers import AutoModelForCausalLM
 
 from common.engine_config import EngineConfig
@@ -19,7 +23,7 @@ TOL = 1e-4
 
 
 def make_engine(model_dir, **kw):
-    cfg = EngineConfig(model=model_dir, dtype="float32", device="cpu", kv_cache_memory=8 << 20,
+    cfg = EngineConfig(model=model_dir, dtype="float32", device=TEST_DEVICE, kv_cache_memory=8 << 20,
                        max_model_len=256, block_size=4, **kw)
     return LLMEngine(cfg)
 
@@ -55,7 +59,7 @@ def run_rows(engine: LLMEngine, entries: list[tuple[Request, int]]) -> list[torc
     rows = {rid: slice(int(qsl[i]), int(qsl[i + 1])) for i, rid in enumerate(inputs.request_ids)}
     out = []
     for req, n in entries:
-        out.append(logits[rows[req.request_id]])
+        out.append(logits[rows[req.request_id]].cpu())
         req.num_computed_tokens += n
     return out
 
