@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install serve test lint bench-engine bench docker-test
+.PHONY: install serve test lint bench-engine bench docker-test gpu-check gpu-check-wheels
 
 install: $(STAMP)
 
@@ -44,3 +44,12 @@ docker-test: install
 # once into /tmp/peers, about 12 minutes): interleaved loadtest sweeps, greedy and sampled.
 bench: install
 	LLAMA_SERVER=$$(bash deploy/build-llama-server.sh /tmp/peers | tail -n 1) $(PY) -m loadtest.bench_servers
+
+# The CUDA path's one device check, run on a CUDA machine with its own torch (no install; under 8
+# minutes): parity tests on CUDA, then `python -m engine.bench --device cuda`, one table. The
+# wheels it lacks there are fetched here first, where pip works, into .whl/ (carried along).
+gpu-check:
+	bash deploy/gpu-check.sh
+
+gpu-check-wheels:
+	bash deploy/gpu-check-wheels.sh

@@ -224,7 +224,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _decode_merge_kernel[(num_seqs, num_heads)](
         part_out, part_lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-        NUM_SPLITS=num_splits, NUM_SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits, NUM_SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), HEAD_DIM=head_dim,
         HEAD_DIM_PAD=head_dim_pad)
 
 

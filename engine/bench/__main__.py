@@ -4,6 +4,7 @@
     python -m engine.bench --speculative [...]   (n-gram speculative decoding against none)
     python -m engine.bench --structured [...]    (JSON-schema-constrained decoding against none)
     python -m engine.bench --batch-invariant [...]  (batch-invariant requests against ordinary ones)
+    python -m engine.bench --device cuda [...]   (the CUDA workloads: engine/bench/cuda.py)
 
 Runs alternate (ours, transformers, ours, transformers, ...) so a noisy shared machine hits both
 alike; each figure is the best of the rounds. Workloads: 1 and `--batch` sequences, each with a
@@ -48,6 +49,11 @@ def best(results: list[RunResult]) -> RunResult:
     return max(results, key=lambda r: r.output_tps)
 
 
+def _device_argument(argv: list[str]) -> str:
+    at = argv.index("--device") if "--device" in argv else -1
+    return argv[at + 1] if 0 <= at < len(argv) - 1 else ""
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--speculative":  # n-gram speculation against none (engine/bench/speculative.py)
@@ -62,6 +68,10 @@ def main(argv: list[str] | None = None) -> None:
         from engine.bench.batch_invariant import main as batch_invariant_main
 
         return batch_invariant_main(argv[1:])
+    if _device_argument(argv).startswith("cuda"):  # the CUDA workloads (engine/bench/cuda.py)
+        from engine.bench.cuda import main as cuda_main
+
+        return cuda_main(argv)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="Hugging Face folder; default: the embedded model")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])

@@ -1,0 +1,118 @@
+"""The CUDA workloads of `python -m engine.bench --device cuda` (the GPU check runs them).
+
+    python -m engine.bench --device cuda [--num-seqs 256] [--json out.json]
+
+1. Offline throughput in nano-vllm's benchmark shape: Qwen3-0.6B's architecture with random
+   weights (engine/models/configs/qwen3-0.6b, `load_format="dummy"`), 256 sequences of random
+   ids, prompt and output lengths uniform in 100..1024, EOS ignored, temperature 0.6; output tokens
+   over wall time. Anchors on an A800: vLLM 8.6k tok/s, nano-vllm 10k; an H200 has 2.4x its
+   memory bandwidth; target on an H200: 20k tok/s.
+2. Batch-1 decode TPOT of the same model, with the captured decode graphs and with
+   --enforce-eager. Anchor: 2.72 ms with CUDA graphs (xLLM); target on an H200: 2.5 ms.
+
+Nothing is compared against a peer in this run: the CUDA machine has none installed.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from common.engine_config import EngineConfig
+from common.messages import SamplingParams
+from engine.llm_engine import LLMEngine
+
+QWEN3_06B = Path(__file__).resolve().parent.parent / "models" / "configs" / "qwen3-0.6b"
+
+
+def build(device: str, dtype: str, max_num_seqs: int, enforce_eager: bool, max_model_len: int) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(QWEN3_06B), load_format="dummy", dtype=dtype, device=device,
+                                  max_num_seqs=max_num_seqs, max_num_batched_tokens=16384, max_model_len=max_model_len,
+                                  enforce_eager=enforce_eager))
+
+
+def generate(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[int, float]:
+    """All at once, to the end: (output tokens, seconds)."""
+    start = time.perf_counter()
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(f"bench-{time.monotonic_ns()}-{i}", prompt, p)
+    tokens = 0
+    while engine.has_unfinished():
+        tokens += sum(len(d.new_token_ids) for d in engine.step())
+    return tokens, time.perf_counter() - start
+
+
+def offline_throughput(engine: LLMEngine, num_seqs: int, min_len: int = 100, max_len: int = 1024,
+                       seed: int = 0) -> dict[str, float]:
+    """nano-vllm's bench.py: random prompts and output lengths, sampled at temperature 0.6."""
+    rnd = random.Random(seed)
+    top = min(10000, engine.vocab_size - 1)  # nano-vllm's ids: 0..10000
+    prompts = [[rnd.randint(0, top) for _ in range(rnd.randint(min_len, max_len))] for _ in range(num_seqs)]
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=rnd.randint(min_len, max_len))
+              for _ in range(num_seqs)]
+    generate(engine, [[1, 2, 3]], [SamplingParams(max_tokens=4)])  # warm-up
+    tokens, seconds = generate(engine, prompts, params)
+    return {"output_tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds,
+            "prompt_tokens": sum(map(len, prompts))}
+
+
+def batch1_tpot(engine: LLMEngine, prompt_len: int = 128, output_len: int = 256) -> float:
+    """Milliseconds per output token after the first, one greedy sequence."""
+    rnd = random.Random(1)
+    prompt = [rnd.randint(0, min(10000, engine.vocab_size - 1)) for _ in range(prompt_len)]
+    generate(engine, [prompt], [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)])  # warm-up
+    engine.add_request("tpot", prompt, SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True))
+    times = []
+    while engine.has_unfinished():
+        engine.step()
+        times.append(time.perf_counter())
+    return (times[-1] - times[0]) / (len(times) - 1) * 1e3
+
+
+def free_device_memory() -> None:
+    """After the last reference to an engine is dropped: its KV cache and graphs back to CUDA."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    figures: dict[str, object] = {"device": torch.cuda.get_device_name(torch.device(args.device))}
+
+    start = time.perf_counter()
+    engine = build(args.device, args.dtype, 512, enforce_eager=False, max_model_len=4096)
+    figures["build_s"] = time.perf_counter() - start
+    figures["offline"] = offline_throughput(engine, args.num_seqs)
+    del engine
+    free_device_memory()
+    tpot = {}
+    for eager in (False, True):
+        small = build(args.device, args.dtype, 8, enforce_eager=eager, max_model_len=4096)
+        tpot["eager" if eager else "graphs"] = batch1_tpot(small)
+        del small
+        free_device_memory()
+    figures["tpot_ms"] = tpot
+
+    offline = figures["offline"]
+    assert isinstance(offline, dict)
+    print(f"\nQwen3-0.6B architecture, random weights, {args.dtype}, {figures['device']}")
+    print(f"{'workload':<44}{'ours':>12}  anchor / target")
+    print(f"{f'offline, {args.num_seqs} seqs, in/out 100..1024 (tok/s)':<44}{offline['tok_per_s']:>12.0f}"
+          f"  vLLM 8.6k, nano-vllm 10k (A800); target 20k (H200)")
+    print(f"{'batch-1 TPOT, CUDA graphs (ms)':<44}{tpot['graphs']:>12.2f}  xLLM 2.72; target 2.5")
+    print(f"{'batch-1 TPOT, --enforce-eager (ms)':<44}{tpot['eager']:>12.2f}  graphs are "
+          f"{tpot['eager'] / tpot['graphs']:.2f}x faster")
+    print(f"(offline: {offline['output_tokens']} output tokens, {offline['prompt_tokens']} prompt tokens in "
+          f"{offline['seconds']:.1f} s; first engine built in {figures['build_s']:.0f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
