@@ -21,7 +21,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from engine.models.batch_invariance import invariant_rows_start
+from engine.models.batch_invariance import TILE_ROWS, invariant_rows_start
 from engine.models.gguf_codes import GroupCodes
 from engine.models.linear import Linear, LinearMethod, MergedLinear
 
@@ -48,8 +48,15 @@ class GroupQuantizedMethod(LinearMethod):
     def process_weights_after_loading(self, layer: Linear) -> None:
         self.dense.process_weights_after_loading(layer)
 
+    # The crossover is timed at start-up, so it can differ between two engines: batch-invariant
+    # rows must not depend on it. They go in tiles of TILE_ROWS rows (Linear.forward), and a step
+    # with such rows runs every matmul of at most TILE_ROWS rows on the codes, whose rows do not
+    # depend on the batch: the same path alone, in any batch, in any engine.
+    invariant_rows_in_tiles = True
+
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= self.max_rows:
+        rows = x.shape[0]
+        if rows <= self.max_rows or (rows <= TILE_ROWS and invariant_rows_start() is not None):
             return self.apply_codes(x)
         return self.dense.apply(layer, x)
 

@@ -25,6 +25,9 @@ class LinearMethod:
     [out, in] applied with F.linear."""
 
     name = "dense"
+    # Batch-invariant rows always in fixed tiles (no probe): for a method whose path depends on
+    # something other than the rows themselves (group_quantized.py: a timed crossover)
+    invariant_rows_in_tiles = False
 
     def create_weights(self, layer: Linear) -> None:
         layer.weight = nn.Parameter(torch.empty(layer.output_size, layer.input_size), requires_grad=False)
@@ -172,7 +175,8 @@ def probe_batch_invariance(model: nn.Module, dtype: torch.dtype, device: torch.d
         rows = max_head_rows if name.endswith("lm_head") else max_rows
         key = (layer.input_size, layer.output_size, layer.method.name, rows)
         if key not in verdicts:
-            verdicts[key] = probe_min_rows(layer.apply_method, layer.input_size, dtype, device, rows)
+            verdicts[key] = None if layer.method.invariant_rows_in_tiles \
+                else probe_min_rows(layer.apply_method, layer.input_size, dtype, device, rows)
         layer.invariant_min_rows = verdicts[key]
         if layer.invariant_min_rows != 1:
             special[name] = layer.invariant_min_rows

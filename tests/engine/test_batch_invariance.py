@@ -21,6 +21,7 @@ from common.messages import SamplingParams
 from engine.attention.batch_invariant import batch_invariant_attention, build_invariant_rows
 from engine.llm import LLM
 from engine.models.batch_invariance import TILE_ROWS, apply_in_tiles, probe_min_rows
+from engine.models.group_quantized import GroupQuantizedMethod
 
 TOPICS = ["the sea", "a cat who reads maps", "coffee", "rain on a tin roof at night", "music", "old books",
           "trains crossing a bridge in winter", "the moon"]
@@ -181,3 +182,21 @@ def test_speculative_decoding_keeps_the_logits(dtype, reference):
     assert spec is not None and spec.num_accepted_tokens > 0, "drafts should have been verified and accepted"
     for i in range(0, len(prompts), 2):  # the greedy ones
         assert got[f"r{i}"] == alone[i], f"{dtype}: prompt {i} with speculative decoding"
+
+
+def test_invariant_rows_do_not_depend_on_the_timed_crossover():
+    """Up to how many rows the GGUF codes run is timed at start-up, so two engines may differ:
+    an invariant request alone in one engine and in a batch in another must still get the same
+    bits, with the codes' crossover at 0 rows in one (dense above every tile) and 16 in the other."""
+    results = []
+    for max_rows in (0, 16):
+        llm = LLM(dtype="bfloat16", max_num_batched_tokens=64, max_model_len=2048)
+        for module in llm.engine.model.modules():
+            if isinstance(getattr(module, "method", None), GroupQuantizedMethod):
+                module.method.max_rows = max_rows
+        prompt = _chat(llm, TOPICS[0])
+        others = [(step, _chat(llm, TOPICS[i])[: 20 + 9 * i], SamplingParams(temperature=0, max_tokens=12))
+                  for step, i in ((0, 1), (1, 2), (1, 3), (2, 4))]
+        requests = [(0, prompt, _invariant_params(0))] + (others if max_rows else [])
+        results.append(_run(llm, requests)["r0"])
+    assert results[0] == results[1]
