@@ -139,20 +139,51 @@ inline __m512 sum_lanes16(const __m512* v) {
 inline __m512 softmax_chunk(__m512 scores, __mmask16 valid, float& max, float& rescale) {
   scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), scores);
   const float new_max = std::max(max, _mm512_reduce_max_ps(scores));
-  rescale = std::exp(max - new_max);
+  rescale = new_max > max ? std::exp(max - new_max) : 1.f;  // most chunks leave the maximum where it was
   max = new_max;
   return _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
 }
 
-// Chunks of up to 16 keys within one block, [t0, t1) from begin to end: fn(first key's row offset, n)
-template <typename Fn>
+// Chunks ahead of the one being attended whose K/V rows are requested from memory first: the
+// blocks lie anywhere in the cache, so the hardware prefetcher meets a new stream every block and
+// an attention that waits for each would run at a fraction of the bandwidth.
+constexpr int kPrefetchChunks = 2;
+
+// Chunks of up to 16 keys within one block, [t0, t1) from begin to end: fn(first key's row offset, n),
+// after prefetch(row offset, n) of the chunk kPrefetchChunks ahead
+template <typename Fn, typename Prefetch>
 inline void for_each_chunk(const int32_t* table, int64_t begin, int64_t end, int64_t block_size, int64_t head_dim,
-                           Fn fn) {
+                           Fn fn, Prefetch prefetch) {
+  const auto chunk_end = [&](int64_t t0) {
+    return std::min<int64_t>({end, (t0 / block_size + 1) * block_size, t0 + kChunk});
+  };
+  const auto offset = [&](int64_t t0) {
+    return (static_cast<int64_t>(table[t0 / block_size]) * block_size + t0 % block_size) * head_dim;
+  };
+  int64_t ahead = begin;  // the first key not yet prefetched
+  const auto prefetch_next = [&]() {
+    if (ahead < end) {
+      const int64_t t1 = chunk_end(ahead);
+      prefetch(offset(ahead), static_cast<int>(t1 - ahead));
+      ahead = t1;
+    }
+  };
+  for (int i = 0; i < kPrefetchChunks; ++i) prefetch_next();
   for (int64_t t0 = begin; t0 < end;) {
-    const int64_t t1 = std::min<int64_t>({end, (t0 / block_size + 1) * block_size, t0 + kChunk});
-    fn((static_cast<int64_t>(table[t0 / block_size]) * block_size + t0 % block_size) * head_dim,
-       static_cast<int>(t1 - t0));
+    const int64_t t1 = chunk_end(t0);
+    prefetch_next();
+    fn(offset(t0), static_cast<int>(t1 - t0));
     t0 = t1;
+  }
+}
+
+// the cache lines of n consecutive K and V rows of `row_bytes` each from `k` and `v`
+inline void prefetch_rows(const void* k, const void* v, int n, int64_t row_bytes) {
+  const char* kb = static_cast<const char*>(k);
+  const char* vb = static_cast<const char*>(v);
+  for (int64_t off = 0; off < n * row_bytes; off += 64) {
+    _mm_prefetch(kb + off, _MM_HINT_T0);
+    _mm_prefetch(vb + off, _MM_HINT_T0);
   }
 }
 
@@ -195,6 +226,8 @@ void attend_split_f32(const float* q, const float* k_cache, const float* v_cache
         _mm512_storeu_ps(a + 16 * c, av);
       }
     }
+  }, [&](int64_t base, int n) {
+    prefetch_rows(k_cache + kv_head_stride + base, v_cache + kv_head_stride + base, n, head_dim * sizeof(float));
   });
 }
 
@@ -261,6 +294,9 @@ void attend_split_bf16(const at::BFloat16* q, const at::BFloat16* k_cache, const
       }
       for (int c = 0; c < 2 * C2; ++c) _mm512_storeu_ps(a + 16 * c, av[c]);
     }
+  }, [&](int64_t base, int n) {
+    prefetch_rows(k_cache + kv_head_stride + base, v_cache + kv_head_stride + base, n,
+                  head_dim * sizeof(at::BFloat16));
   });
   // back to dimension order: per 32, unpacklo held 128-bit lanes of dimensions 0-3, 8-11, 16-19,
   // 24-27 and unpackhi 4-7, 12-15, 20-23, 28-31
