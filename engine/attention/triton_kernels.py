@@ -31,8 +31,8 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,
                      stride_c_head, stride_c_block, stride_c_pos,
                      BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
-    tok = tl.program_id(0)
-    head = tl.program_id(1)
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)  # head * stride_c_head can pass 2^31 in a large cache
     slot = tl.load(slot_ptr + tok)
     d = tl.arange(0, HEAD_DIM_PAD)
     mask = (d < HEAD_DIM) & ((d * 0 + slot) >= 0)  # as a vector: the interpreter takes no scalar mask
@@ -56,8 +56,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                          BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
                          PRECISION: tl.constexpr):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1).to(tl.int64)  # kv_head * stride_c_head can pass 2^31 in a large cache
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     # equal key ranges, each a whole number of tiles; the last ones may be empty
@@ -132,9 +132,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     PRECISION: tl.constexpr):
-    chunk = tl.program_id(0)
+    chunk = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
-    head = tl.program_id(2)
+    head = tl.program_id(2).to(tl.int64)
     query_len = tl.load(query_len_ptr + chunk)
     if tile * BLOCK_M >= query_len:  # the grid covers the longest chunk
         return
