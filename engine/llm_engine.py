@@ -99,6 +99,7 @@ class LLMEngine(EngineCore):
         runner = ModelRunner(self.model, kv_caches, backend, config.block_size, config.max_num_seqs,
                              config.max_num_batched_tokens, max_model_len, self.device, self.eos_token_ids,
                              config.seed)
+        runner.sampler.native = native_kernels  # each draw's passes over the vocabulary (CPU)
         graphs = "off (--enforce-eager)" if config.enforce_eager else "off (a CPU)"
         if self.device.type == "cuda" and not config.enforce_eager:
             runner.decode_graphs = DecodeGraphs(self.model, backend, kv_caches, capture_sizes(config.max_num_seqs),

@@ -15,6 +15,8 @@ row draws only from its own generator, so its tokens do not depend on the batch 
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 REJECTION_ROUNDS = 3
@@ -64,10 +66,17 @@ def compute_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
 
 
 def draw(probs: torch.Tensor, top_p: torch.Tensor | None, min_p: torch.Tensor | None,
-         generators: list[tuple[int, torch.Generator]], default_generator: torch.Generator) -> torch.Tensor:
+         generators: list[tuple[int, torch.Generator]], default_generator: torch.Generator,
+         native: Any = None) -> torch.Tensor:
     """One token per row from `probs` [rows, vocab] (after temperature and top-k) truncated by
-    top-p and min-p. Returns [rows] int64."""
+    top-p and min-p. Returns [rows] int64. `native`: the native CPU kernels' module, whose
+    inverse_cdf and nucleus_ok make each round's two passes over the vocabulary one call each
+    (engine/native/csrc/sample_draw.cpp); the same uniforms are drawn either way."""
     rows, vocab = probs.shape
+    if native is None or probs.is_cuda or probs.dtype != torch.float32:
+        inverse_cdf, inside = _inverse_cdf, _inside
+    else:
+        inverse_cdf, inside = native.inverse_cdf, native.nucleus_ok
     if probs.is_cuda and (top_p is not None or min_p is not None):
         probs = nucleus_probs(probs, top_p, min_p)
         top_p = min_p = None
@@ -77,18 +86,18 @@ def draw(probs: torch.Tensor, top_p: torch.Tensor | None, min_p: torch.Tensor | 
     for _ in range(REJECTION_ROUNDS):
         first = len(pending) == rows
         p = probs if first else probs[pending]
-        token = _inverse_cdf(p, _uniform(None if first else pending, rows, generators, default_generator, probs.device))
+        token = inverse_cdf(p, _uniform(None if first else pending, rows, generators, default_generator, probs.device))
         if top_p is None and min_p is None:
             return token
-        ok = _inside(p, token, None if top_p is None else top_p[pending],
-                     None if min_p is None else min_p[pending], None if top_prob is None else top_prob[pending])
+        ok = inside(p, token, None if top_p is None else top_p[pending],
+                    None if min_p is None else min_p[pending], None if top_prob is None else top_prob[pending])
         sampled[pending[ok]] = token[ok]
         pending = pending[~ok]
         if not len(pending):
             return sampled
     exact = nucleus_probs(probs[pending], None if top_p is None else top_p[pending],
                           None if min_p is None else min_p[pending])
-    sampled[pending] = _inverse_cdf(exact, _uniform(pending, rows, generators, default_generator, probs.device))
+    sampled[pending] = inverse_cdf(exact, _uniform(pending, rows, generators, default_generator, probs.device))
     return sampled
 
 

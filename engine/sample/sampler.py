@@ -13,6 +13,7 @@ logprobs, when asked); on CPU a few small reads pick cheaper paths (see `filters
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -49,8 +50,10 @@ def apply_penalties(logits: torch.Tensor, md: SamplingMetadata, state: SamplingS
 
 
 class Sampler:
-    def __init__(self, default_generator: torch.Generator):
+    def __init__(self, default_generator: torch.Generator, native: Any = None):
         self.default_generator = default_generator
+        # the native CPU kernels' module (engine/native): each draw's passes over the vocabulary
+        self.native = native
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata, state: SamplingState) -> SamplerOutput:
         """logits: [rows, vocab] float32 (modified in place)."""
@@ -76,7 +79,7 @@ class Sampler:
         x = logits.div_(md.temperature)
         if md.top_k is not None:
             x = apply_top_k(x, md.top_k, md.max_top_k)
-        return draw(x.softmax(dim=-1), md.top_p, md.min_p, md.generators, self.default_generator)
+        return draw(x.softmax(dim=-1), md.top_p, md.min_p, md.generators, self.default_generator, self.native)
 
 
 def _ranked_logprobs(raw: torch.Tensor, sampled: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -145,3 +145,51 @@ def test_silu_and_mul_matches_the_torch_path(dtype):
         differ = got != ref
         assert differ.float().mean().item() < 1e-3
         assert ((got.float() - ref.float()).abs()[differ] <= ref.float().abs()[differ] * 2**-7).all()
+
+
+def _test_distributions(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Rows of every kind a sampler meets: flat, peaked, mostly zero (top-k), with exact ties."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g) * torch.linspace(0.5, 8, rows).unsqueeze(1)
+    logits[rows // 4: rows // 2, vocab // 3:] = float("-inf")  # a top-k'd row: most tokens impossible
+    logits[rows // 2: rows // 2 + 4, :: 7] = logits[rows // 2: rows // 2 + 4, :1]  # exact ties
+    return logits.softmax(dim=-1)
+
+
+@pytest.mark.parametrize("vocab", [50, 1000, 49152, 151936])
+def test_inverse_cdf_draws_inside_the_token_slice(vocab):
+    """The native draw against the torch path's on the same uniforms: each token holds u x total in
+    its own slice of the float64 cumulative distribution (up to float32 rounding), never a
+    zero-probability token, and the same token as the torch path's but at slice edges."""
+    from engine.sample.filters import _inverse_cdf
+
+    probs = _test_distributions(64, vocab, seed=vocab)
+    u = torch.rand(64, generator=torch.Generator().manual_seed(1))
+    u[0], u[1] = 0.0, 1.0 - 2.0**-24  # the ends of torch.rand's range
+    ours, theirs = native.inverse_cdf(probs, u), _inverse_cdf(probs, u)
+    cdf = probs.double().cumsum(dim=-1)
+    target = u.double() * cdf[:, -1]
+    chosen = probs.gather(1, ours.unsqueeze(1)).squeeze(1)
+    assert (chosen > 0).all()
+    lo = cdf.gather(1, ours.unsqueeze(1)).squeeze(1) - chosen.double()
+    hi = cdf.gather(1, ours.unsqueeze(1)).squeeze(1)
+    assert ((lo <= target + 1e-5) & (target <= hi + 1e-5)).all()
+    assert (ours == theirs).float().mean().item() >= 0.95
+
+
+@pytest.mark.parametrize("vocab", [50, 49152])
+def test_nucleus_ok_matches_the_torch_path(vocab):
+    """top-p and min-p acceptance of drawn tokens, ties ranked by id: the torch path's answers."""
+    from engine.sample.filters import _inside
+
+    probs = _test_distributions(64, vocab, seed=2)
+    g = torch.Generator().manual_seed(3)
+    token = torch.multinomial(probs, 1, generator=g).squeeze(1)
+    token[32:36] = 0  # a tied token (column 0 is tied with every 7th)
+    top_p = torch.rand(64, generator=g)
+    top_p[::5] = 1.0
+    min_p = torch.rand(64, generator=g) * 0.2
+    best = probs.amax(dim=-1)
+    for tp, mp in ((top_p, None), (None, min_p), (top_p, min_p)):
+        ours = native.nucleus_ok(probs, token, tp, mp, best if mp is not None else None)
+        assert torch.equal(ours, _inside(probs, token, tp, mp, best if mp is not None else None))

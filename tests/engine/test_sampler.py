@@ -10,6 +10,7 @@ import torch
 from common.messages import SamplingParams
 from engine.sample.filters import compute_probs
 from engine.sample.sampler import Sampler, apply_penalties
+from engine.native import kernels
 from engine.sample.state import SamplingMetadata, SamplingState
 from sampler_reference import reference_probs
 
@@ -47,6 +48,17 @@ def state_for(rows: list[Row]) -> tuple[SamplingState, SamplingMetadata]:
     return state, state.metadata(index)
 
 
+@pytest.fixture(params=["torch", "native"])
+def native(request):
+    """The draws' passes over the vocabulary through torch ops, or the native CPU kernels'."""
+    if request.param == "torch":
+        return None
+    module = kernels()
+    if module is None:
+        pytest.skip("the native CPU kernels could not be built here")
+    return module
+
+
 def make_rows(params_list, seed=0) -> list[Row]:
     g = torch.Generator().manual_seed(seed)
     return [Row(p, torch.randint(0, VOCAB, (6,), generator=g).tolist(),
@@ -70,14 +82,14 @@ def test_probs_match_reference():
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_sampled_frequencies_match_reference(case):
+def test_sampled_frequencies_match_reference(case, native):
     """The sampler itself (rejection draws for top-p / min-p included) against the reference
     distribution: 6000 draws of one row, the largest frequency error below 0.025."""
     n = 6000
     row = make_rows([CASES[case]], seed=case)[0]
     logits = (torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(10 + case)) * 2).repeat(n, 1)
     state, md = state_for([row] * n)
-    tokens = Sampler(torch.Generator().manual_seed(3))(logits.clone(), md, state).token_ids
+    tokens = Sampler(torch.Generator().manual_seed(3), native)(logits.clone(), md, state).token_ids
     freq = torch.bincount(tokens, minlength=VOCAB).double() / n
     expected = reference_probs(logits[0], row.params, row.prompt, row.output).double()
     assert (freq - expected).abs().max().item() < 0.025, CASES[case]
@@ -116,12 +128,12 @@ def test_min_tokens_bans_eos_and_stop_ids():
     assert out.token_ids[0].item() in (2, 9)
 
 
-def test_empirical_frequencies_follow_probs():
+def test_empirical_frequencies_follow_probs(native):
     p = SamplingParams(temperature=1.0, top_k=8)
     n = 4000
     logits = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(2)).repeat(n, 1)
     state, md = state_for([Row(p, [1])] * n)
-    tokens = Sampler(torch.Generator().manual_seed(3))(logits, md, state).token_ids
+    tokens = Sampler(torch.Generator().manual_seed(3), native)(logits, md, state).token_ids
     freq = torch.bincount(tokens, minlength=VOCAB).float() / n
     expected = reference_probs(logits[0], p, [1], [])
     assert (freq - expected).abs().max().item() < 0.03
@@ -138,7 +150,7 @@ def test_greedy_rows_take_argmax_in_mixed_batch():
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, seed=7),
                                     SamplingParams(temperature=0.9, top_p=0.5, min_p=0.05, top_k=20, seed=7)])
-def test_seeded_row_independent_of_batch(params):
+def test_seeded_row_independent_of_batch(params, native):
     logits = torch.randn(32, VOCAB, generator=torch.Generator().manual_seed(5))
     logits[:] = logits[0]
 
@@ -147,10 +159,10 @@ def test_seeded_row_independent_of_batch(params):
 
     for _ in range(20):  # several draws: the seeded stream, not one lucky token
         state, md = state_for([seeded()])
-        alone = Sampler(torch.Generator().manual_seed(0))(logits[:1].clone(), md, state)
+        alone = Sampler(torch.Generator().manual_seed(0), native)(logits[:1].clone(), md, state)
         others = [Row(SamplingParams(temperature=1.0), [1]) for _ in range(31)]
         state, md = state_for(others[:13] + [seeded()] + others[13:])
-        batched = Sampler(torch.Generator().manual_seed(99))(logits.clone(), md, state)
+        batched = Sampler(torch.Generator().manual_seed(99), native)(logits.clone(), md, state)
         assert alone.token_ids[0].item() == batched.token_ids[13].item()
         logits = logits + torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(_))
 
@@ -170,7 +182,7 @@ def test_logprobs_are_raw_model_logprobs():
     assert md.num_logprobs[1] == -1  # the second row asked for none
 
 
-def test_ties_break_to_the_lowest_id_everywhere():
+def test_ties_break_to_the_lowest_id_everywhere(native):
     """Equal logits: argmax, top_k=1, a tiny top_p and the logprob ranking all choose the lower id."""
     logits = torch.zeros(1, VOCAB)
     logits[0, [31, 17, 40]] = 4.0  # a three-way tie for first place
@@ -180,7 +192,7 @@ def test_ties_break_to_the_lowest_id_everywhere():
                    SamplingParams(temperature=0, logprobs=3)):
         for seed in range(5):
             state, md = state_for([Row(params, [1], generator=torch.Generator().manual_seed(seed))])
-            out = Sampler(torch.Generator().manual_seed(seed))(logits.clone(), md, state)
+            out = Sampler(torch.Generator().manual_seed(seed), native)(logits.clone(), md, state)
             assert out.token_ids[0].item() == expected, params
     assert out.logprob_token_ids is not None
     assert out.logprob_token_ids[0].tolist() == [17, 17, 31, 40]

@@ -29,4 +29,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &DecodeLayers::forward, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("slot_mapping"),
            py::arg("block_tables"), py::arg("seq_lens"));
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of x = [gate | up] ([rows, 2 * width])", py::arg("x"));
+  m.def("inverse_cdf", &inverse_cdf, "per row, the token whose slice of the cumulative distribution holds u x total",
+        py::arg("probs"), py::arg("u"));
+  m.def("nucleus_ok", &nucleus_ok, "whether each drawn token survives top-p and min-p", py::arg("probs"),
+        py::arg("token"), py::arg("top_p"), py::arg("min_p"), py::arg("top_prob"));
 }
