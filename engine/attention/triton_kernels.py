@@ -45,6 +45,34 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
 
 
 @triton.jit
+def _kv_offsets(block_tables_ptr, table_row, n, n_mask, kv_head, d, stride_c_head, stride_c_block, stride_c_pos,
+                BLOCK_SIZE: tl.constexpr):
+    """[len(n), len(d)] offsets into a cache of keys n (positions in one sequence, whose block
+    table row starts at `table_row`), dimensions d, of one KV head."""
+    block = tl.load(block_tables_ptr + table_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    return (kv_head * stride_c_head + block[:, None] * stride_c_block + (n % BLOCK_SIZE)[:, None] * stride_c_pos
+            + d[None, :])
+
+
+@triton.jit
+def _softmax_tile(q, k_cache_ptr, v_cache_ptr, kv_offsets, kv_mask, visible, m_i, l_i, acc, scale,
+                  PRECISION: tl.constexpr):
+    """One tile of keys into a running (online) softmax: q [rows, dims] against the tile's K,
+    scores masked where not `visible` [rows, keys], the sums so far rescaled to the new maximum,
+    V's weighted sum added. Returns (m_i, l_i, acc)."""
+    k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [rows, keys]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr,
                          scale,
                          stride_q_tok, stride_q_head,
@@ -79,20 +107,10 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     for tile_start in range(start, end, BLOCK_N):
         n = tile_start + offs_n
         n_mask = n < end
-        block = tl.load(block_tables_ptr + seq * stride_bt + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        kv_offsets = (kv_head * stride_c_head + block[:, None] * stride_c_block
-                      + (n % BLOCK_SIZE)[:, None] * stride_c_pos + d[None, :])
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, BLOCK_N]
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        kv_offsets = _kv_offsets(block_tables_ptr, seq * stride_bt, n, n_mask, kv_head, d, stride_c_head,
+                                 stride_c_block, stride_c_pos, BLOCK_SIZE)
+        m_i, l_i, acc = _softmax_tile(q, k_cache_ptr, v_cache_ptr, kv_offsets, n_mask[:, None] & d_mask[None, :],
+                                      n_mask[None, :], m_i, l_i, acc, scale, PRECISION)
     nonempty = l_i > 0
     out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(nonempty, m_i + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf"))
@@ -156,23 +174,14 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr,
     # keys up to the tile's last query (rows past the chunk see keys the last row sees)
     end = tl.minimum(context_len, context_len - query_len + (tile + 1) * BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    for tile_start in range(0, end, BLOCK_N):
+    for tile_start in range(0, end, BLOCK_N):  # key 0 is in the first tile, seen by every row: maxima finite
         n = tile_start + offs_n
         n_mask = n < end
-        block = tl.load(block_tables_ptr + chunk * stride_bt + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        kv_offsets = (kv_head * stride_c_head + block[:, None] * stride_c_block
-                      + (n % BLOCK_SIZE)[:, None] * stride_c_pos + d[None, :])
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_M, BLOCK_N]
-        s = tl.where(n_mask[None, :] & (n[None, :] <= position[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # key 0 is in the first tile and seen by every row: finite
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        kv_offsets = _kv_offsets(block_tables_ptr, chunk * stride_bt, n, n_mask, kv_head, d, stride_c_head,
+                                 stride_c_block, stride_c_pos, BLOCK_SIZE)
+        m_i, l_i, acc = _softmax_tile(q, k_cache_ptr, v_cache_ptr, kv_offsets, n_mask[:, None] & d_mask[None, :],
+                                      n_mask[None, :] & (n[None, :] <= position[:, None]), m_i, l_i, acc, scale,
+                                      PRECISION)
     out = acc / l_i[:, None]
     tl.store(out_ptr + rows[:, None] * stride_o_tok + head * stride_o_head + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
