@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.attention import triton_kernels as kernels
 from engine.attention.base import StepInputs
 from engine.attention.batch_invariant import InvariantRows, batch_invariant_attention
 from engine.attention.torch_paged import TorchPagedBackend, batch_parts
@@ -105,19 +106,12 @@ class TritonPagedBackend(TorchPagedBackend):
                     f"{'' if metadata.num_decodes == 1 else 's'}, {metadata.num_splits} key splits, K/V read in place")
         return "triton paged prefill over the cached prefix, causal"
 
-    def rope_and_write_kv(self, qk: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                          kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: object,
-                          num_heads: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return None  # the model rotates with torch ops; `forward` stores K/V
-
     def native_decode_inputs(self, metadata: object, num_tokens: int) -> None:
         return None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # type: ignore[override]
                 kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: TritonPagedMetadata,
                 scale: float, kv_written: bool = False) -> torch.Tensor:
-        from engine.attention import triton_kernels as kernels
-
         k_cache, v_cache = kv_cache
         if not kv_written:
             kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)

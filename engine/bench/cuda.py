@@ -25,6 +25,7 @@ import torch
 
 from common.engine_config import EngineConfig
 from common.messages import SamplingParams
+from engine.bench.workloads import run_ours
 from engine.llm_engine import LLMEngine
 
 QWEN3_06B = Path(__file__).resolve().parent.parent / "models" / "configs" / "qwen3-0.6b"
@@ -65,13 +66,8 @@ def batch1_tpot(engine: LLMEngine, prompt_len: int = 128, output_len: int = 256)
     """Milliseconds per output token after the first, one greedy sequence."""
     rnd = random.Random(1)
     prompt = [rnd.randint(0, min(10000, engine.vocab_size - 1)) for _ in range(prompt_len)]
-    generate(engine, [prompt], [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)])  # warm-up
-    engine.add_request("tpot", prompt, SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True))
-    times = []
-    while engine.has_unfinished():
-        engine.step()
-        times.append(time.perf_counter())
-    return (times[-1] - times[0]) / (len(times) - 1) * 1e3
+    run_ours(engine, [prompt], 8)  # warm-up
+    return 1e3 / run_ours(engine, [prompt], output_len).decode_tps
 
 
 def free_device_memory() -> None:

@@ -67,9 +67,9 @@ int64_t draw_row(const float* p, int64_t vocab, float u, std::vector<float>& sum
   const float target = u * total;
   int64_t chosen = -1, last_nonzero = -1;
   float before = 0.f, cdf = 0.f;
-  for (int64_t b = 0; b < num_blocks; ++b) {
+  for (int64_t b = 0; b < num_blocks; ++b) {  // a zero block never passes: cdf alone would have before
     if (sums[b] > 0.f) last_nonzero = b;
-    if (cdf + sums[b] > target && sums[b] > 0.f) {
+    if (cdf + sums[b] > target) {
       chosen = b;
       break;
     }
@@ -87,14 +87,12 @@ int64_t draw_row(const float* p, int64_t vocab, float u, std::vector<float>& sum
   float inner_total = 0.f;  // in the scan's own order, so the scan reaches it
   for (int64_t j = 0; j < n; ++j) inner_total += q[j];
   const float inner_target = std::min(std::max(target - before, 0.f), inner_total * (1.f - 1.f / (1 << 20)));
-  float c = 0.f;
-  int64_t last_positive = 0;
+  float c = 0.f;  // reaches inner_total > inner_target, first at a token of positive probability
   for (int64_t j = 0; j < n; ++j) {
     c += q[j];
-    if (q[j] > 0.f) last_positive = j;
-    if (c > inner_target && q[j] > 0.f) return chosen * kBlock + j;
+    if (c > inner_target) return chosen * kBlock + j;
   }
-  return chosen * kBlock + last_positive;
+  return chosen * kBlock + n - 1;  // not reached: the block has mass
 }
 
 }  // namespace
