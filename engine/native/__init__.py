@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decode_attention.cpp", "rms_norm.cpp",
                                                                   "quant_linear.cpp", "rope_kv.cpp",
                                                                   "silu_mul.cpp", "decode_layers.cpp",
-                                                                  "sample_draw.cpp")]
+                                                                  "sample_draw.cpp", "int8_linear.cpp")]
 # included by the sources: part of the build key
 HEADERS = [Path(__file__).with_name("csrc") / name for name in ("vec16.h", "kernels.h", "decode_layers.h")]
 # OpenMP: at::parallel_for is inline, serial without it; no FMA contraction of plain a * b + c, so the

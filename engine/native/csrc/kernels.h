@@ -20,3 +20,5 @@ at::Tensor silu_and_mul(const at::Tensor& x);
 at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& u);
 at::Tensor nucleus_ok(const at::Tensor& probs, const at::Tensor& token, const c10::optional<at::Tensor>& top_p,
                       const c10::optional<at::Tensor>& min_p, const c10::optional<at::Tensor>& top_prob);
+bool int8_linear_available();
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& w_scale, bool float32_out);

@@ -1,0 +1,175 @@
+// Linear layers for batches: int8 activations x int8 weights through AVX512-VNNI (VPDPBUSD, 64
+// multiply-adds per instruction, twice bfloat16's VDPBF16PS), for the row counts where a step is
+// bound by arithmetic rather than by the bytes of the weights.
+//
+//   weights: per output channel, w[n, k] ~ sw[n] * qw[n, k], qw in -127..127, stored as
+//            qw + 128 (VPDPBUSD multiplies unsigned by signed bytes) in "quads" of 16 outputs x 4
+//            inputs: uint8 [N/16, K/4, 16, 4] (engine/models/int8_linear.py packs them)
+//   activations: per row and group of 32 inputs, x[m, k] ~ dx[m, g] * qx[m, k], dx = amax / 127,
+//            quantized here for each call. A group's scale follows its own outliers, which one
+//            scale per row would not (that costs this model about 3 % of perplexity; groups of
+//            32 cost none measurable, as in llama.cpp's Q8 activations).
+//
+//   out[m, n] = sw[n] * sum_g dx[m, g] * (sum_{k in g} (qw[n, k] + 128) * qx[m, k] - 128 * sum_{k in g} qx[m, k])
+//
+// The group's integer dot starts from -128 * sum qx (its offset, per row and group: no per-output
+// term), is exact in int32, and meets dx in one float32 FMA per group; the sums over groups run
+// in order, so a row's result does not depend on the batch it is in.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "vec16.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int64_t kVector = 16;  // outputs per weight vector
+constexpr int64_t kQuad = 4;     // inputs per VPDPBUSD lane
+constexpr int kTileVectors = 3;  // weight vectors per tile (48 outputs)
+constexpr int kTileRows = 4;     // rows per tile: 4 x 3 int32 and 4 x 3 float32 accumulators
+
+struct Activations {
+  std::vector<int8_t> q;         // [M, K]
+  std::vector<float> scale;      // [M, G] dx
+  std::vector<int32_t> offset;   // [M, G] -128 * sum of the group's q
+};
+
+#if defined(__AVX512VNNI__)
+template <typename In>
+void quantize_rows(const In* x, int64_t M, int64_t K, Activations& a) {
+  const int64_t G = K / kGroup;
+  a.q.resize(M * K);
+  a.scale.resize(M * G);
+  a.offset.resize(M * G);
+  at::parallel_for(0, M * G, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const In* xg = x + i * kGroup;
+      const __m512 v0 = llm_serve::load16(xg), v1 = llm_serve::load16(xg + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inv)));  // nearest, ties to even
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inv)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + i * kGroup), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + i * kGroup + 16), _mm512_cvtsepi32_epi8(q1));
+      a.scale[i] = amax / 127.f;
+      a.offset[i] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+  });
+}
+
+// Rows r0..r0+R of outputs v0 * 16 .. (v0 + V) * 16
+template <int R, int V, typename Out>
+inline void tile(const Activations& a, const uint8_t* w, const float* w_scale, int64_t K, int64_t r0, int64_t v0,
+                 Out* out, int64_t N) {
+  const int64_t G = K / kGroup, quads = K / kQuad;
+  __m512 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  const uint8_t* wv[V];
+  for (int v = 0; v < V; ++v) wv[v] = w + (v0 + v) * quads * kVector * kQuad;
+  const int8_t* xr = a.q.data() + r0 * K;
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i dot[R][V];
+    for (int r = 0; r < R; ++r) {
+      const __m512i start = _mm512_set1_epi32(a.offset[(r0 + r) * G + g]);
+      for (int v = 0; v < V; ++v) dot[r][v] = start;
+    }
+    for (int t = 0; t < kGroup / kQuad; ++t) {
+      const int64_t quad = g * (kGroup / kQuad) + t;
+      __m512i wq[V];
+      for (int v = 0; v < V; ++v) wq[v] = _mm512_loadu_si512(wv[v] + quad * kVector * kQuad);
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        __builtin_memcpy(&four, xr + r * K + quad * kQuad, sizeof(four));
+        const __m512i xq = _mm512_set1_epi32(four);
+        for (int v = 0; v < V; ++v) dot[r][v] = _mm512_dpbusd_epi32(dot[r][v], wq[v], xq);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 d = _mm512_set1_ps(a.scale[(r0 + r) * G + g]);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][v]), d, acc[r][v]);
+    }
+  }
+  for (int v = 0; v < V; ++v) {
+    const __m512 s = _mm512_loadu_ps(w_scale + (v0 + v) * kVector);
+    for (int r = 0; r < R; ++r)
+      llm_serve::store16(out + (r0 + r) * N + (v0 + v) * kVector, _mm512_mul_ps(acc[r][v], s));
+  }
+}
+
+template <int V, typename Out>
+inline void rows_of_tile(const Activations& a, const uint8_t* w, const float* w_scale, int64_t M, int64_t K,
+                         int64_t v0, Out* out, int64_t N) {
+  int64_t r = 0;
+  for (; r + kTileRows <= M; r += kTileRows) tile<kTileRows, V>(a, w, w_scale, K, r, v0, out, N);
+  switch (M - r) {
+    case 3: tile<3, V>(a, w, w_scale, K, r, v0, out, N); break;
+    case 2: tile<2, V>(a, w, w_scale, K, r, v0, out, N); break;
+    case 1: tile<1, V>(a, w, w_scale, K, r, v0, out, N); break;
+    default: break;
+  }
+}
+
+template <typename In, typename Out>
+void run(const In* x, const uint8_t* w, const float* w_scale, int64_t M, int64_t K, int64_t N, Out* out) {
+  Activations a;
+  quantize_rows(x, M, K, a);
+  const int64_t vectors = N / kVector, tiles = (vectors + kTileVectors - 1) / kTileVectors;
+  // a thread takes whole tiles: each tile's weights (K x 48 bytes) stay in L1/L2 over the rows
+  at::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t v0 = t * kTileVectors;
+      switch (std::min<int64_t>(kTileVectors, vectors - v0)) {
+        case 3: rows_of_tile<3>(a, w, w_scale, M, K, v0, out, N); break;
+        case 2: rows_of_tile<2>(a, w, w_scale, M, K, v0, out, N); break;
+        default: rows_of_tile<1>(a, w, w_scale, M, K, v0, out, N); break;
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace
+
+bool int8_linear_available() {
+#if defined(__AVX512VNNI__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x [M, K] float32 or bfloat16 (K a multiple of 32); weights uint8 [N/16, K/4, 16, 4] (qw + 128);
+// w_scale float32 [N]. out [M, N]: float32 if float32_out, else x's dtype.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& w_scale, bool float32_out) {
+  TORCH_CHECK(int8_linear_available(), "int8_linear needs AVX512-VNNI");
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "x: float32 or bfloat16 [rows, in_features]");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % kGroup == 0, "in_features must be a multiple of 32");
+  TORCH_CHECK(weights.is_contiguous() && weights.scalar_type() == at::kByte && weights.dim() == 4 &&
+                  weights.size(1) == K / kQuad && weights.size(2) == kVector && weights.size(3) == kQuad,
+              "weights: uint8 [out/16, in/4, 16, 4], contiguous");
+  const int64_t N = weights.size(0) * kVector;
+  TORCH_CHECK(w_scale.is_contiguous() && w_scale.scalar_type() == at::kFloat && w_scale.numel() == N,
+              "w_scale: float32 [out], contiguous");
+  const auto out_dtype = float32_out ? at::kFloat : x.scalar_type();
+  at::Tensor out = at::empty({M, N}, x.options().dtype(out_dtype));
+#if defined(__AVX512VNNI__)
+  const at::Tensor xc = x.contiguous();
+  const auto* w = weights.data_ptr<uint8_t>();
+  const float* s = w_scale.data_ptr<float>();
+  if (x.scalar_type() == at::kFloat) {
+    if (float32_out) run(xc.data_ptr<float>(), w, s, M, K, N, out.data_ptr<float>());
+    else run(xc.data_ptr<float>(), w, s, M, K, N, out.data_ptr<float>());
+  } else if (float32_out) {
+    run(xc.data_ptr<at::BFloat16>(), w, s, M, K, N, out.data_ptr<float>());
+  } else {
+    run(xc.data_ptr<at::BFloat16>(), w, s, M, K, N, out.data_ptr<at::BFloat16>());
+  }
+#endif
+  return out;
+}
