@@ -24,7 +24,7 @@ from engine.core.scheduler import Scheduler
 from engine.models.config import ModelArch, read_hf_config
 from engine.models.batch_invariance import describe_invariance
 from engine.models.gguf_codes import gguf_file, read_group_codes
-from engine.models.group_quantized import describe_max_rows, measure_max_rows, use_group_codes
+from engine.models.group_quantized import describe_batch_methods, measure_batch_methods, use_group_codes
 from engine.models.linear import probe_batch_invariance, weight_bytes_per_element
 from engine.models.layers import RMSNorm
 from engine.models.llama import MLP
@@ -138,9 +138,12 @@ class LLMEngine(EngineCore):
             logger.warning("dense weights: %s", why_not)
             return False
         arch = self.model.arch
-        dense_left = use_group_codes(self.model, read_group_codes(gguf_path, arch.num_heads, arch.num_kv_heads), native)
-        max_rows = measure_max_rows(self.model, self.dtype, config.max_num_seqs)
-        logger.info("linear layers on the codes of %s: %s; dense: %s", gguf_path.name, describe_max_rows(max_rows),
+        if config.batch_linear == "int8" and not native.int8_linear_available():
+            raise ValueError("--batch-linear int8: the int8 kernel needs a CPU with AVX512-VNNI")
+        dense_left = use_group_codes(self.model, read_group_codes(gguf_path, arch.num_heads, arch.num_kv_heads), native,
+                                     int8=config.batch_linear != "dense")
+        verdicts = measure_batch_methods(self.model, self.dtype, config.max_num_seqs, config.batch_linear)
+        logger.info("linear layers on the codes of %s: %s; dense: %s", gguf_path.name, describe_batch_methods(verdicts),
                     ", ".join(dense_left) or "none")
         return True
 

@@ -3,12 +3,13 @@ native kernel (engine/native/csrc/quant_linear.cpp), for the batch sizes where t
 
 A decode step of a few rows is bound by the bytes of the weights it reads: the codes are a third
 of bf16's (Q4_1: 5 bits per weight with its scale and minimum). A step of many rows is bound by
-arithmetic instead, where oneDNN's packed bf16 matmul wins; so each layer keeps its dense method
-too and `max_rows` says up to how many rows the codes run. That crossover is measured once at
-start-up per distinct shape (`measure_max_rows`) and logged.
+arithmetic instead, so each layer also has a batch method for the rows above `max_rows`: int8
+activations x int8 weights through AVX512-VNNI (engine/models/int8_linear.py) where the CPU has it
+and it measures faster, else oneDNN's packed matmul on the dense weights. The batch method and the
+crossover are measured once at start-up per distinct shape (`measure_batch_methods`) and logged.
 
 The dense weights are the codes de-quantized (exact in float32) and rounded to the engine's
-dtype: above the crossover a row sees those rounded weights.
+dtype; the int8 weights the same de-quantized codes quantized per output channel.
 """
 from __future__ import annotations
 
@@ -23,24 +24,34 @@ from torch import nn
 
 from engine.models.batch_invariance import TILE_ROWS, invariant_rows_start
 from engine.models.gguf_codes import GroupCodes
+from engine.models.int8_linear import Int8LinearMethod, int8_shape_ready
 from engine.models.linear import Linear, LinearMethod, MergedLinear
 
 logger = logging.getLogger(__name__)
 
+ShapeKey = tuple[int, int, str]  # (in_features, out_features, codes format)
+Verdict = tuple[int, str]  # (rows up to which the codes run, the batch method's name)
+
 # Row counts tried for the crossover; a step never needs the codes beyond the last.
 CANDIDATE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
+BATCH_PROBE_ROWS = 64  # most rows at which the int8 and the dense batch methods are compared
 CACHE_EVICT_BYTES = 64 << 20  # more than the last-level cache of the CPUs we meet (32 MiB here)
 
 
 class GroupQuantizedMethod(LinearMethod):
-    """One layer's codes (in the kernel's panel layout) and the dense method for larger batches."""
+    """One layer's codes (in the kernel's panel layout), its dense method, and the method for the
+    rows above the crossover (`batch`: the dense method or an Int8LinearMethod)."""
 
     def __init__(self, dense: LinearMethod, codes: GroupCodes, native: ModuleType, max_rows: int = 0):
         self.dense, self.native, self.format = dense, native, codes.format
+        self.batch: LinearMethod = dense
         self.codes, self.scales, self.mins = codes.panels()
         self.nbytes = codes.nbytes
-        self.max_rows = max_rows  # rows up to which the codes run (0: never); set by measure_max_rows
-        self.name = f"gguf-{codes.format}+{dense.name}"
+        self.max_rows = max_rows  # rows up to which the codes run (0: never); set by measure_batch_methods
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"gguf-{self.format}+{self.batch.name}"
 
     def create_weights(self, layer: Linear) -> None:
         self.dense.create_weights(layer)
@@ -58,31 +69,33 @@ class GroupQuantizedMethod(LinearMethod):
         rows = x.shape[0]
         if rows <= self.max_rows or (rows <= TILE_ROWS and invariant_rows_start() is not None):
             return self.apply_codes(x)
-        return self.dense.apply(layer, x)
+        return self.batch.apply(layer, x)
 
     def apply_codes(self, x: torch.Tensor, float32_out: bool = False) -> torch.Tensor:
         return self.native.quant_linear(x, self.codes, self.scales, self.mins, self.format, float32_out)
 
     def float32_logits(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
         """float32 outputs accumulated in float32 from the exact weights (no bf16 rounding of
-        the result: an LM head needs no tie refinement); None above the crossover, unless the
-        step has batch-invariant rows: those must get the same logits in any batch, so then every
-        row takes the codes (whose rows do not depend on the batch)."""
+        the result: an LM head needs no tie refinement); above the crossover the batch method's,
+        unless the step has batch-invariant rows: those must get the same logits in any batch, so
+        then every row takes the codes (whose rows do not depend on the batch)."""
         if x.shape[0] <= self.max_rows or invariant_rows_start() is not None:
             return self.apply_codes(x, float32_out=True)
-        return None
+        return self.batch.float32_logits(layer, x)
 
     def dense_weight(self, layer: Linear) -> torch.Tensor:
         return self.dense.dense_weight(layer)
 
     def weight_bytes_read(self, layer: Linear, rows: int, dtype: torch.dtype) -> int:
-        return self.nbytes if rows <= self.max_rows else self.dense.weight_bytes_read(layer, rows, dtype)
+        return self.nbytes if rows <= self.max_rows else self.batch.weight_bytes_read(layer, rows, dtype)
 
 
-def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: ModuleType) -> list[str]:
-    """Give every linear layer with codes for all its checkpoint matrices a GroupQuantizedMethod;
-    return the names of those left dense. A merged layer stacks its shards' codes in its shard
-    order; a tied LM head takes the embedding's."""
+def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: ModuleType, int8: bool) -> list[str]:
+    """Give every linear layer with codes for all its checkpoint matrices a GroupQuantizedMethod,
+    with int8 weights for batches if `int8` (and the kernel and the shape allow); return the names
+    of those left dense. A merged layer stacks its shards' codes in its shard order; a tied LM
+    head takes the embedding's."""
+    int8 = int8 and native.int8_linear_available()
     mapping = getattr(model, "packed_modules_mapping", {})
     tied = getattr(getattr(model, "arch", None), "tie_word_embeddings", False)
     dense_left = []
@@ -107,27 +120,50 @@ def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: Modu
         if not stacked.panel_ready:  # the kernel's panels and steps do not divide this shape
             dense_left.append(name)
             continue
-        layer.method = GroupQuantizedMethod(layer.method, stacked, native)
+        method = GroupQuantizedMethod(layer.method, stacked, native)
+        if int8 and int8_shape_ready(layer.output_size, layer.input_size):
+            method.batch = Int8LinearMethod(stacked.dequantize(), native)
+        layer.method = method
     return dense_left
 
 
-def measure_max_rows(model: nn.Module, dtype: torch.dtype, limit: int) -> dict[tuple[int, int, str], int]:
-    """For each distinct (in, out, format) shape, the most rows (of CANDIDATE_ROWS, up to
-    `limit`) for which the codes beat the dense method at every row count up to it; set on every
-    such layer. A decode step streams every layer's weights from memory (the model is larger than
-    the caches), so each timing runs through all the layers of the shape after evicting the
-    caches, as a step would meet them."""
-    by_shape: dict[tuple[int, int, str], list[Linear]] = {}
+def measure_batch_methods(model: nn.Module, dtype: torch.dtype, limit: int, choice: str) -> dict[ShapeKey, Verdict]:
+    """For each distinct (in, out, format) shape: the batch method (with `choice` "auto", int8
+    where it has int8 weights and beats the dense method at min(limit, BATCH_PROBE_ROWS) rows;
+    "int8" and "dense" as named) and the crossover, the most rows (of CANDIDATE_ROWS, up to
+    `limit`) for which the codes beat the batch method at every row count up to it; both set on
+    every layer of the shape. A decode step streams every layer's weights from memory (the model
+    is larger than the caches), so each timing runs through all the layers of the shape after
+    evicting the caches, as a step would meet them."""
+    by_shape: dict[ShapeKey, list[Linear]] = {}
     for layer in model.modules():
         if isinstance(layer, Linear) and isinstance(layer.method, GroupQuantizedMethod):
             by_shape.setdefault((layer.input_size, layer.output_size, layer.method.format), []).append(layer)
     evict = torch.zeros(CACHE_EVICT_BYTES, dtype=torch.uint8)
     verdicts = {}
     for key, layers in by_shape.items():
-        verdicts[key] = _crossover(layers, dtype, limit, evict)
-        for layer in layers:
-            layer.method.max_rows = verdicts[key]  # type: ignore[attr-defined]
+        methods: list[GroupQuantizedMethod] = [layer.method for layer in layers]  # type: ignore[misc]
+        if choice == "dense" or (choice == "auto" and _dense_is_faster(layers, dtype, min(limit, BATCH_PROBE_ROWS),
+                                                                      evict)):
+            for method in methods:
+                method.batch = method.dense  # the int8 weights, if any, are let go
+        max_rows = _crossover(layers, dtype, limit, evict)
+        for method in methods:
+            method.max_rows = max_rows
+        verdicts[key] = (max_rows, methods[0].batch.name)
     return verdicts
+
+
+def _dense_is_faster(layers: list[Linear], dtype: torch.dtype, rows: int, evict: torch.Tensor) -> bool:
+    methods: list[GroupQuantizedMethod] = [layer.method for layer in layers]  # type: ignore[misc]
+    if methods[0].batch is methods[0].dense:
+        return True
+    x = torch.randn(rows, layers[0].input_size, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    int8 = _cold_seconds([functools.partial(m.batch.apply, la, x) for m, la in zip(methods, layers, strict=True)],
+                         evict)
+    dense = _cold_seconds([functools.partial(m.dense.apply, la, x) for m, la in zip(methods, layers, strict=True)],
+                          evict)
+    return dense <= int8
 
 
 def _crossover(layers: list[Linear], dtype: torch.dtype, limit: int, evict: torch.Tensor) -> int:
@@ -136,9 +172,9 @@ def _crossover(layers: list[Linear], dtype: torch.dtype, limit: int, evict: torc
     for rows in (r for r in CANDIDATE_ROWS if r <= limit):
         x = torch.randn(rows, layers[0].input_size, generator=torch.Generator().manual_seed(rows)).to(dtype)
         codes = _cold_seconds([functools.partial(m.apply_codes, x) for m in methods], evict)
-        dense = _cold_seconds([functools.partial(m.dense.apply, la, x) for m, la in zip(methods, layers, strict=True)],
+        batch = _cold_seconds([functools.partial(m.batch.apply, la, x) for m, la in zip(methods, layers, strict=True)],
                               evict)
-        if codes >= dense:
+        if codes >= batch:
             break
         best = rows
     return best
@@ -157,5 +193,6 @@ def _cold_seconds(calls: list[Callable[[], object]], evict: torch.Tensor, rounds
     return sorted(times)[rounds // 2]
 
 
-def describe_max_rows(verdicts: dict[tuple[int, int, str], int]) -> str:
-    return ", ".join(f"{k}x{n} {fmt} up to {rows} rows" for (k, n, fmt), rows in sorted(verdicts.items())) or "none"
+def describe_batch_methods(verdicts: dict[ShapeKey, Verdict]) -> str:
+    return ", ".join(f"{k}x{n} {fmt} up to {rows} rows, then {batch}"
+                     for (k, n, fmt), (rows, batch) in sorted(verdicts.items())) or "none"
