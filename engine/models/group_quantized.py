@@ -167,9 +167,15 @@ def _dense_is_faster(layers: list[Linear], dtype: torch.dtype, rows: int, evict:
 
 
 def _crossover(layers: list[Linear], dtype: torch.dtype, limit: int, evict: torch.Tensor) -> int:
-    best = 0
     methods: list[GroupQuantizedMethod] = [layer.method for layer in layers]  # type: ignore[misc]
-    for rows in (r for r in CANDIDATE_ROWS if r <= limit):
+    if methods[0].batch is methods[0].dense:
+        best, tried = 0, CANDIDATE_ROWS
+    else:
+        # A lone row always takes the codes: decode at batch 1 on the shipped weights exactly. (The
+        # int8 method's kernel can beat the codes' at one row on a matrix that partly stays in
+        # the caches, but it rounds both the weights and the activations.)
+        best, tried = 1, CANDIDATE_ROWS[1:]
+    for rows in (r for r in tried if r <= limit):
         x = torch.randn(rows, layers[0].input_size, generator=torch.Generator().manual_seed(rows)).to(dtype)
         codes = _cold_seconds([functools.partial(m.apply_codes, x) for m in methods], evict)
         batch = _cold_seconds([functools.partial(m.batch.apply, la, x) for m, la in zip(methods, layers, strict=True)],
