@@ -27,7 +27,8 @@ class EngineConfig:
     batch_linear: str = opt(
         "auto", "the linear layers of batches above the GGUF codes' crossover: int8 (activations per group of 32 x "
                 "weights per output channel, AVX512-VNNI), dense (--dtype weights through oneDNN), or auto: with "
-                "bfloat16, int8 where the CPU has VNNI and it measures faster at start-up; with float32, dense", choices=("auto", "int8", "dense"))
+                "bfloat16, int8 where the CPU has VNNI and it measures faster at start-up; with float32, dense",
+        choices=("auto", "int8", "dense"))
     dtype: str = opt("auto", "float32 | bfloat16 | float16 | auto (bfloat16 on CPU and CUDA)")
     device: str = opt("auto", "cpu | cuda | auto")
     max_model_len: int | None = opt(None, "longest prompt + output, in tokens; default: the model's limit")

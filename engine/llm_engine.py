@@ -141,7 +141,9 @@ class LLMEngine(EngineCore):
         if config.batch_linear == "int8" and not native.int8_linear_available():
             raise ValueError("--batch-linear int8: the int8 kernel needs a CPU with AVX512-VNNI")
         # float32 asks for float32's precision: int8 batches only when named
-        batch_linear = "dense" if config.batch_linear == "auto" and self.dtype != torch.bfloat16 else config.batch_linear
+        batch_linear = config.batch_linear
+        if batch_linear == "auto" and self.dtype != torch.bfloat16:
+            batch_linear = "dense"
         dense_left = use_group_codes(self.model, read_group_codes(gguf_path, arch.num_heads, arch.num_kv_heads), native,
                                      int8=batch_linear != "dense")
         verdicts = measure_batch_methods(self.model, self.dtype, config.max_num_seqs, batch_linear)

@@ -12,6 +12,8 @@ Formats:
   gguf-bf16   the default: the GGUF's Q4_1 / Q8_0 codes, bfloat16 activations, every row
               through the codes (as decode steps meet them; a long prefill would otherwise take
               the dense weights above the crossover)
+  gguf-int8   the default's batch path: every row as int8 activations (per group of 32) x the
+              codes re-quantized to int8 per output channel (a step above the codes' crossover)
   gguf-f32    the same codes with float32 activations
   dense-bf16  --quantization none: the weights rounded to bfloat16
   dense-f32   --quantization none, float32: the exact weights in float32, the reference
@@ -35,6 +37,7 @@ from engine.runner.model_runner import ModelRunner
 TEXT = Path(__file__).with_name("data") / "perplexity.txt"
 FORMATS = {  # name -> (--quantization, --dtype)
     "gguf-bf16": ("gguf", "bfloat16"),
+    "gguf-int8": ("gguf", "bfloat16"),
     "gguf-f32": ("gguf", "float32"),
     "dense-bf16": ("none", "bfloat16"),
     "dense-f32": ("none", "float32"),
@@ -44,11 +47,12 @@ FORMATS = {  # name -> (--quantization, --dtype)
 def build_engine(fmt: str, window: int) -> LLMEngine:
     quantization, dtype = FORMATS[fmt]
     engine = LLMEngine(EngineConfig(device="cpu", kv_cache_memory=64 << 20, max_model_len=max(window, 64),
-                                    max_num_batched_tokens=max(window, 64), quantization=quantization, dtype=dtype))
+                                    max_num_batched_tokens=max(window, 64), quantization=quantization, dtype=dtype,
+                                    batch_linear="int8" if fmt == "gguf-int8" else "auto"))
     for module in engine.model.modules():
         method = getattr(module, "method", None)
         if isinstance(method, GroupQuantizedMethod):
-            method.max_rows = 1 << 30  # every row through the codes
+            method.max_rows = 0 if fmt == "gguf-int8" else 1 << 30  # every row through int8 / the codes
     return engine
 
 
@@ -94,7 +98,7 @@ def perplexity(fmt: str, window: int = 512) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--formats", default="gguf-bf16,gguf-f32,dense-bf16,dense-f32")
+    ap.add_argument("--formats", default="gguf-bf16,gguf-int8,gguf-f32,dense-bf16,dense-f32")
     ap.add_argument("--window", type=int, default=512)
     args = ap.parse_args(argv)
     results = {fmt: perplexity(fmt, args.window) for fmt in args.formats.split(",")}

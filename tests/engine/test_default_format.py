@@ -1,7 +1,8 @@
 """The default format (the GGUF's Q4_1 / Q8_0 codes, bfloat16 activations) against the dense paths.
 
-- Perplexity on the shipped text (`python -m engine.bench.perplexity`): the codes within 1 % of
-  the dense bfloat16 path's, and of the exact float32 model's; the codes with float32 activations
+- Perplexity on the shipped text (`python -m engine.bench.perplexity`): the codes, and the int8
+  path that batches above the codes' crossover take, within 1 % of the dense bfloat16 path's, and
+  of the exact float32 model's; the codes with float32 activations
   within 0.01 % of the float32 model (the same weights, other sums).
 - Greedy tokens on the real-model test prompts: the codes equal the dense bfloat16 path's, or
   where they part, the exact float32 model (transformers, on the shared prefix) puts the two
@@ -30,6 +31,13 @@ def test_perplexity_of_the_codes_is_within_one_percent():
     print(f"perplexity: gguf-bf16 {codes:.4f}, dense-bf16 {dense:.4f}, dense-f32 {exact:.4f}")
     assert abs(codes / dense - 1) < 0.01 and abs(codes / exact - 1) < 0.01
     assert abs(perplexity("gguf-f32") / exact - 1) < 1e-4
+
+
+@pytest.mark.skipif(kernels() is None or not kernels().int8_linear_available(), reason="no AVX512-VNNI")
+def test_perplexity_of_the_int8_batch_path_is_within_one_percent():
+    int8, dense, exact = perplexity("gguf-int8"), perplexity("dense-bf16"), perplexity("dense-f32")
+    print(f"perplexity: gguf-int8 {int8:.4f}, dense-bf16 {dense:.4f}, dense-f32 {exact:.4f}")
+    assert abs(int8 / dense - 1) < 0.01 and abs(int8 / exact - 1) < 0.01
 
 
 def _llm(quantization: str) -> LLM:

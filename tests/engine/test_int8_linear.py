@@ -1,0 +1,74 @@
+"""The int8 batch linear (engine/native/csrc/int8_linear.cpp) against a plain-torch reference of
+the same arithmetic, and the packing it reads.
+
+The reference quantizes each row's groups of 32 as the kernel does (float32 amax, scale 127 /
+amax, round half to even), takes the integer dots exactly in float64 and applies the scales in
+float64: the kernel's float32 sums over the groups must match it to float32 rounding.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.models.int8_linear import pack_int8, unpack_int8
+from engine.native import kernels
+
+native = kernels()
+pytestmark = pytest.mark.skipif(native is None or not native.int8_linear_available(),
+                                reason="the int8 kernel needs the native kernels and AVX512-VNNI")
+
+
+def _reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    rows, inputs = x.shape
+    groups = x.float().view(rows, inputs // 32, 32)
+    amax = groups.abs().amax(dim=2, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
+    qx = torch.round(groups * inv).double()
+    weights_q = torch.round(unpack_int8(codes, torch.ones_like(scales))).double()  # the integers
+    dots = torch.einsum("mgk,ngk->mgn", qx, weights_q.view(-1, inputs // 32, 32))
+    return ((dots * (amax / 127).double()).sum(1) * scales.double()).float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 11, 32])
+@pytest.mark.parametrize("inputs,outputs", [(64, 16), (96, 80), (576, 960)])  # 80: a tile of 3 vectors and one of 2
+def test_int8_linear_matches_the_reference(dtype, rows, inputs, outputs):
+    g = torch.Generator().manual_seed(rows * 1000 + outputs)
+    x = torch.randn(rows, inputs, generator=g).to(dtype)
+    x[0, :32] = 0  # a group of zeros: scale 0, no division by it
+    codes, scales = pack_int8(torch.randn(outputs, inputs, generator=g))
+    expected = _reference(x, codes, scales)
+    out32 = native.int8_linear(x, codes, scales, True)
+    assert out32.dtype == torch.float32
+    torch.testing.assert_close(out32, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    out = native.int8_linear(x, codes, scales, False)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, out32.to(dtype), rtol=0, atol=0)
+
+
+def test_a_row_does_not_depend_on_the_batch():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(9, 576, generator=g).bfloat16()
+    codes, scales = pack_int8(torch.randn(96, 576, generator=g))
+    batch = native.int8_linear(x, codes, scales, True)
+    for r in range(x.shape[0]):
+        assert torch.equal(native.int8_linear(x[r:r + 1], codes, scales, True)[0], batch[r])
+
+
+def test_packing_keeps_each_output_within_half_a_step():
+    weight = torch.randn(48, 128, generator=torch.Generator().manual_seed(3))
+    codes, scales = pack_int8(weight)
+    assert codes.shape == (3, 32, 16, 4) and codes.dtype == torch.uint8
+    torch.testing.assert_close(scales, weight.abs().amax(dim=1) / 127)
+    err = (unpack_int8(codes, scales) - weight).abs()
+    assert (err <= scales[:, None] / 2 * (1 + 1e-5)).all()
+
+
+def test_bad_shapes_are_refused():
+    codes, scales = pack_int8(torch.randn(16, 64))
+    with pytest.raises(RuntimeError, match="in/4"):
+        native.int8_linear(torch.randn(2, 96), codes, scales, False)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        native.int8_linear(torch.randn(2, 48), codes[:, :12].contiguous(), scales, False)
+    with pytest.raises(AssertionError, match="out % 16"):
+        pack_int8(torch.randn(20, 64))
