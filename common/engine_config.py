@@ -23,7 +23,8 @@ class EngineConfig:
         "auto", "auto: the default model runs on its GGUF file's own Q4_1 / Q8_0 codes (at the batch sizes where "
                 "they are faster; larger batches on dense --dtype weights), a model folder on its dense weights; "
                 "gguf: the codes of the default model's GGUF or of a *.gguf in the model folder; none: dense "
-                "--dtype weights", choices=("auto", "gguf", "none"))
+                "--dtype weights; int8: dense weights quantized per output channel, run with int8 activations "
+                "(per group of 32; lossy, needs AVX512-VNNI)", choices=("auto", "gguf", "none", "int8"))
     batch_linear: str = opt(
         "auto", "the linear layers of batches above the GGUF codes' crossover: int8 (activations per group of 32 x "
                 "weights per output channel, AVX512-VNNI), dense (--dtype weights through oneDNN), or auto: with "

@@ -24,8 +24,9 @@ from engine.core.scheduler import Scheduler
 from engine.models.config import ModelArch, read_hf_config
 from engine.models.batch_invariance import describe_invariance
 from engine.models.gguf_codes import gguf_file, read_group_codes
+from engine.models.int8_linear import use_int8_weights
 from engine.models.group_quantized import describe_batch_methods, measure_batch_methods, use_group_codes
-from engine.models.linear import probe_batch_invariance, weight_bytes_per_element
+from engine.models.linear import LinearMethod, probe_batch_invariance, weight_bytes_per_element
 from engine.models.layers import RMSNorm
 from engine.models.llama import MLP
 from engine.models.loader import load_model
@@ -59,10 +60,19 @@ class LLMEngine(EngineCore):
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's limit "
                              f"{arch.max_position_embeddings}")
         max_model_len = config.max_model_len or arch.max_position_embeddings
-        self.model = load_model(self.model_dir, self.dtype, self.device,
-                                self.platform.linear_method(batch_hint=config.max_num_seqs),
-                                random_weights=config.load_format == "dummy")
         native_kernels = kernels() if config.native_kernels and self.device.type == "cpu" else None
+        dense_method = self.platform.linear_method(batch_hint=config.max_num_seqs)
+        if config.quantization == "int8":  # the weights as loaded, re-quantized below
+            if native_kernels is None or not native_kernels.int8_linear_available():
+                raise ValueError("--quantization int8: needs the native CPU kernels on a CPU with AVX512-VNNI")
+        self.model = load_model(self.model_dir, self.dtype, self.device,
+                                LinearMethod() if config.quantization == "int8" else dense_method,
+                                random_weights=config.load_format == "dummy")
+        if config.quantization == "int8":
+            assert native_kernels is not None
+            others = use_int8_weights(self.model, native_kernels, dense_method)
+            logger.info("--quantization int8: linear layers as int8 (per output channel) x int8 activations (per "
+                        "group of 32); dense: %s", ", ".join(others) or "none")
         self.quantized = self._use_gguf_codes(config, native_kernels)
         # how batch-invariant rows go through each linear shape (engine/models/batch_invariance.py)
         invariance = probe_batch_invariance(self.model, self.dtype, self.device, config.max_num_batched_tokens,

@@ -16,6 +16,7 @@ Formats:
               codes re-quantized to int8 per output channel (a step above the codes' crossover)
   gguf-f32    the same codes with float32 activations
   dense-bf16  --quantization none: the weights rounded to bfloat16
+  dense-int8  --quantization int8: the dense weights as int8 per output channel x int8 activations
   dense-f32   --quantization none, float32: the exact weights in float32, the reference
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ FORMATS = {  # name -> (--quantization, --dtype)
     "gguf-int8": ("gguf", "bfloat16"),
     "gguf-f32": ("gguf", "float32"),
     "dense-bf16": ("none", "bfloat16"),
+    "dense-int8": ("int8", "bfloat16"),
     "dense-f32": ("none", "float32"),
 }
 
@@ -98,7 +100,7 @@ def perplexity(fmt: str, window: int = 512) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--formats", default="gguf-bf16,gguf-int8,gguf-f32,dense-bf16,dense-f32")
+    ap.add_argument("--formats", default="gguf-bf16,gguf-int8,gguf-f32,dense-bf16,dense-int8,dense-f32")
     ap.add_argument("--window", type=int, default=512)
     args = ap.parse_args(argv)
     results = {fmt: perplexity(fmt, args.window) for fmt in args.formats.split(",")}

@@ -107,7 +107,7 @@ class GroupCodes:
 
 def gguf_file(config: EngineConfig, model_dir: Path) -> Path | None:
     """The GGUF whose codes the engine runs on (--quantization), or None: dense weights."""
-    if config.quantization == "none" or config.load_format == "dummy":
+    if config.quantization in ("none", "int8") or config.load_format == "dummy":
         return None
     if config.model is None or Path(model_dir).resolve() == default_model_dir().resolve():
         return find_gguf()  # the default model (the server passes its converted folder by path)

@@ -61,3 +61,23 @@ class Int8LinearMethod(LinearMethod):
 
     def weight_bytes_read(self, layer: Linear, rows: int, dtype: torch.dtype) -> int:
         return self.codes.numel() + self.scales.numel() * self.scales.element_size()
+
+
+def use_int8_weights(model: torch.nn.Module, native: ModuleType, rest: LinearMethod) -> list[str]:
+    """--quantization int8 on dense weights (lossy, opt-in): every linear layer without a bias whose
+    shape the kernel takes gets an Int8LinearMethod for all its rows; the others `rest` (their
+    weights reworked by it once). Returns the names of those others. The model must have been
+    loaded with plain LinearMethods, which keep each dense weight as it came."""
+    others = []
+    for name, layer in model.named_modules():
+        if not isinstance(layer, Linear):
+            continue
+        if layer.has_bias or not int8_shape_ready(layer.output_size, layer.input_size):
+            layer.method = rest
+            layer.process_weights_after_loading()
+            others.append(name)
+            continue
+        if layer.keep_dense_weight:
+            layer.dense = layer.weight.detach()  # row lookups (a tied LM head: the embedding itself)
+        layer.method = Int8LinearMethod(layer.weight.detach().float(), native)
+    return others

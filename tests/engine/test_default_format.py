@@ -34,10 +34,12 @@ def test_perplexity_of_the_codes_is_within_one_percent():
 
 
 @pytest.mark.skipif(kernels() is None or not kernels().int8_linear_available(), reason="no AVX512-VNNI")
-def test_perplexity_of_the_int8_batch_path_is_within_one_percent():
-    int8, dense, exact = perplexity("gguf-int8"), perplexity("dense-bf16"), perplexity("dense-f32")
-    print(f"perplexity: gguf-int8 {int8:.4f}, dense-bf16 {dense:.4f}, dense-f32 {exact:.4f}")
-    assert abs(int8 / dense - 1) < 0.01 and abs(int8 / exact - 1) < 0.01
+def test_perplexity_of_the_int8_paths_is_within_one_percent():
+    dense, exact = perplexity("dense-bf16"), perplexity("dense-f32")
+    for fmt in ("gguf-int8", "dense-int8"):  # the default's batch path; --quantization int8
+        int8 = perplexity(fmt)
+        print(f"perplexity: {fmt} {int8:.4f}, dense-bf16 {dense:.4f}, dense-f32 {exact:.4f}")
+        assert abs(int8 / dense - 1) < 0.01 and abs(int8 / exact - 1) < 0.01
 
 
 def _llm(quantization: str) -> LLM:
@@ -51,6 +53,9 @@ def _greedy(llm: LLM, prompts: list[str]) -> list[list[int]]:
 
 
 def test_greedy_tokens_equal_the_bf16_path_or_part_at_a_near_tie():
+    # the codes up to the crossover, then the batch method (int8 where VNNI measures faster): the
+    # five prompts run as one batch. (--quantization int8, lossy and opt-in, is held to its
+    # perplexity instead: its greedy tokens part from bf16's at gaps up to ~0.5.)
     llm = _llm("gguf")
     tok = llm.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
