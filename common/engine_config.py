@@ -21,7 +21,7 @@ class EngineConfig:
                 "alone (shapes and speed only, the text is noise)", choices=("auto", "dummy"))
     quantization: str = opt(
         "auto", "auto: the default model runs on its GGUF file's own Q4_1 / Q8_0 codes (at the batch sizes where "
-                "they are faster; larger batches on dense --dtype weights), a model folder on its dense weights; "
+                "they are faster; larger batches by --batch-linear), a model folder on its dense weights; "
                 "gguf: the codes of the default model's GGUF or of a *.gguf in the model folder; none: dense "
                 "--dtype weights; int8: dense weights quantized per output channel, run with int8 activations "
                 "(per group of 32; lossy, needs AVX512-VNNI)", choices=("auto", "gguf", "none", "int8"))
