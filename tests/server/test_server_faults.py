@@ -103,7 +103,12 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones(server):
                 server.proc.send_signal(signal.SIGTERM)
                 async for line in short_lines:
                     lines.append(line)
+                # The signal is handled in the server's event loop: the short stream can end first.
+                deadline = asyncio.get_running_loop().time() + 10
                 health = await http.get(f"{server.url}/health")
+                while health.status_code == 200 and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.05)
+                    health = await http.get(f"{server.url}/health")
                 refused = await http.post(url, json={**LONG, "max_tokens": 2})
             # Leaving the block disconnects the long stream: nothing runs, the drain ends.
         return health, refused, "\n".join(lines) + "\n"
