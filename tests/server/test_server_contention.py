@@ -103,6 +103,11 @@ def test_sigterm_drain_under_cpu_contention_ends_by_its_deadline(server):
                 server.proc.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
                 short_read += [line async for line in short_lines]
+                # the signal is handled in the server's event loop: wait for it to say so
+                deadline = asyncio.get_running_loop().time() + 10
+                while (await http.get(f"{server.url}/health")).status_code == 200 \
+                        and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.05)
                 refused = await http.post(url, json={**LONG, "max_tokens": 2})
                 long_read += [line async for line in long_lines]
             return signalled, short_read, long_read, refused, await non_streaming
