@@ -7,6 +7,7 @@ a test; its log lives in a temporary folder that is removed then.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import sys
@@ -101,3 +102,14 @@ def stream_post(url: str, body: dict, headers: dict | None = None, timeout: floa
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
         return parse_sse(response.read())
+
+
+async def health_once_not_ok(http: httpx.AsyncClient, url: str, timeout_s: float = 1.0) -> httpx.Response:
+    """/health, polled until it stops answering 200 or `timeout_s` passes: a child's death, or a
+    SIGTERM (handled in the server's event loop), takes a moment to show there."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        health = await http.get(f"{url}/health")
+        if health.status_code != 200 or asyncio.get_running_loop().time() >= deadline:
+            return health
+        await asyncio.sleep(0.01)

@@ -143,31 +143,27 @@ def measure_batch_methods(model: nn.Module, dtype: torch.dtype, limit: int, choi
     verdicts = {}
     for key, layers in by_shape.items():
         methods: list[GroupQuantizedMethod] = [layer.method for layer in layers]  # type: ignore[misc]
-        if choice == "dense" or (choice == "auto" and _dense_is_faster(layers, dtype, min(limit, BATCH_PROBE_ROWS),
-                                                                      evict)):
+        if choice == "dense" or (choice == "auto" and _dense_is_faster(methods, layers, dtype,
+                                                                      min(limit, BATCH_PROBE_ROWS), evict)):
             for method in methods:
                 method.batch = method.dense  # the int8 weights, if any, are let go
-        max_rows = _crossover(layers, dtype, limit, evict)
+        max_rows = _crossover(methods, layers, dtype, limit, evict)
         for method in methods:
             method.max_rows = max_rows
         verdicts[key] = (max_rows, methods[0].batch.name)
     return verdicts
 
 
-def _dense_is_faster(layers: list[Linear], dtype: torch.dtype, rows: int, evict: torch.Tensor) -> bool:
-    methods: list[GroupQuantizedMethod] = [layer.method for layer in layers]  # type: ignore[misc]
+def _dense_is_faster(methods: list[GroupQuantizedMethod], layers: list[Linear], dtype: torch.dtype, rows: int,
+                     evict: torch.Tensor) -> bool:
     if methods[0].batch is methods[0].dense:
         return True
-    x = torch.randn(rows, layers[0].input_size, generator=torch.Generator().manual_seed(rows)).to(dtype)
-    int8 = _cold_seconds([functools.partial(m.batch.apply, la, x) for m, la in zip(methods, layers, strict=True)],
-                         evict)
-    dense = _cold_seconds([functools.partial(m.dense.apply, la, x) for m, la in zip(methods, layers, strict=True)],
-                          evict)
-    return dense <= int8
+    x = _probe_input(layers, dtype, rows)
+    return _layers_seconds(methods, layers, "dense", x, evict) <= _layers_seconds(methods, layers, "batch", x, evict)
 
 
-def _crossover(layers: list[Linear], dtype: torch.dtype, limit: int, evict: torch.Tensor) -> int:
-    methods: list[GroupQuantizedMethod] = [layer.method for layer in layers]  # type: ignore[misc]
+def _crossover(methods: list[GroupQuantizedMethod], layers: list[Linear], dtype: torch.dtype, limit: int,
+               evict: torch.Tensor) -> int:
     if methods[0].batch is methods[0].dense:
         best, tried = 0, CANDIDATE_ROWS
     else:
@@ -176,14 +172,23 @@ def _crossover(layers: list[Linear], dtype: torch.dtype, limit: int, evict: torc
         # the caches, but it rounds both the weights and the activations.)
         best, tried = 1, CANDIDATE_ROWS[1:]
     for rows in (r for r in tried if r <= limit):
-        x = torch.randn(rows, layers[0].input_size, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        x = _probe_input(layers, dtype, rows)
         codes = _cold_seconds([functools.partial(m.apply_codes, x) for m in methods], evict)
-        batch = _cold_seconds([functools.partial(m.batch.apply, la, x) for m, la in zip(methods, layers, strict=True)],
-                              evict)
-        if codes >= batch:
+        if codes >= _layers_seconds(methods, layers, "batch", x, evict):
             break
         best = rows
     return best
+
+
+def _probe_input(layers: list[Linear], dtype: torch.dtype, rows: int) -> torch.Tensor:
+    return torch.randn(rows, layers[0].input_size, generator=torch.Generator().manual_seed(rows)).to(dtype)
+
+
+def _layers_seconds(methods: list[GroupQuantizedMethod], layers: list[Linear], which: str, x: torch.Tensor,
+                    evict: torch.Tensor) -> float:
+    """_cold_seconds of every layer's `which` method ("dense" or "batch") on x."""
+    return _cold_seconds([functools.partial(getattr(m, which).apply, la, x) for m, la in zip(methods, layers,
+                                                                                             strict=True)], evict)
 
 
 def _cold_seconds(calls: list[Callable[[], object]], evict: torch.Tensor, rounds: int = 3) -> float:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from cpu_hog import cpu_hogs, still_running
-from server_process import parse_sse, start_server
+from server_process import health_once_not_ok, parse_sse, start_server
 
 DRAIN_TIMEOUT_S = 20
 HOG_S = 150  # longer than either test needs; the hogs are killed when a test ends
@@ -103,11 +103,7 @@ def test_sigterm_drain_under_cpu_contention_ends_by_its_deadline(server):
                 server.proc.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
                 short_read += [line async for line in short_lines]
-                # the signal is handled in the server's event loop: wait for it to say so
-                deadline = asyncio.get_running_loop().time() + 10
-                while (await http.get(f"{server.url}/health")).status_code == 200 \
-                        and asyncio.get_running_loop().time() < deadline:
-                    await asyncio.sleep(0.05)
+                await health_once_not_ok(http, server.url, timeout_s=10)  # the signal handled
                 refused = await http.post(url, json={**LONG, "max_tokens": 2})
                 long_read += [line async for line in long_lines]
             return signalled, short_read, long_read, refused, await non_streaming

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from server_process import parse_sse, start_server
+from server_process import health_once_not_ok, parse_sse, start_server
 
 KEY = "sk-test-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -33,16 +33,6 @@ async def first_content(lines_iter) -> list[str]:
         if '"content":"' in line and '"content":""' not in line:
             return lines
     raise AssertionError(f"stream ended without content: {lines}")
-
-
-async def health_after_kill(http: httpx.AsyncClient, url: str) -> httpx.Response:
-    """/health, polled until it stops answering 200 (the death takes a moment to be noticed)."""
-    for _ in range(100):
-        health = await http.get(f"{url}/health")
-        if health.status_code != 200:
-            return health
-        await asyncio.sleep(0.01)
-    return health
 
 
 def test_api_key(server):
@@ -103,12 +93,8 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones(server):
                 server.proc.send_signal(signal.SIGTERM)
                 async for line in short_lines:
                     lines.append(line)
-                # The signal is handled in the server's event loop: the short stream can end first.
-                deadline = asyncio.get_running_loop().time() + 10
-                health = await http.get(f"{server.url}/health")
-                while health.status_code == 200 and asyncio.get_running_loop().time() < deadline:
-                    await asyncio.sleep(0.05)
-                    health = await http.get(f"{server.url}/health")
+                # the short stream can end before the server has handled the signal
+                health = await health_once_not_ok(http, server.url, timeout_s=10)
                 refused = await http.post(url, json={**LONG, "max_tokens": 2})
             # Leaving the block disconnects the long stream: nothing runs, the drain ends.
         return health, refused, "\n".join(lines) + "\n"
@@ -141,7 +127,7 @@ def _check_child_death(server, comm: str) -> None:
                 lines_iter = response.aiter_lines()
                 lines = await first_content(lines_iter)
                 os.kill(server.child_pid(comm), signal.SIGKILL)
-                health = await health_after_kill(http, server.url)
+                health = await health_once_not_ok(http, server.url)
                 async for line in lines_iter:
                     lines.append(line)
             return health, await waiting, "\n".join(lines) + "\n"

@@ -163,8 +163,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weights, const at:
   const auto* w = weights.data_ptr<uint8_t>();
   const float* s = w_scale.data_ptr<float>();
   if (x.scalar_type() == at::kFloat) {
-    if (float32_out) run(xc.data_ptr<float>(), w, s, M, K, N, out.data_ptr<float>());
-    else run(xc.data_ptr<float>(), w, s, M, K, N, out.data_ptr<float>());
+    run(xc.data_ptr<float>(), w, s, M, K, N, out.data_ptr<float>());  // float32 out either way
   } else if (float32_out) {
     run(xc.data_ptr<at::BFloat16>(), w, s, M, K, N, out.data_ptr<float>());
   } else {
