@@ -11,7 +11,7 @@
 //
 // With AVX-512 and head_dim 64 or 128, keys go 16 at a time: 16 scores in one vector (a
 // transposing reduction), one vector exp per head, the weighted sum of V in registers; a bf16
-// cache is read by VDPBF16PS directly (attend_split_bf16).
+// cache is read by VDPBF16PS directly, one softmax per split (attend_split_bf16).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -232,82 +232,123 @@ void attend_split_f32(const float* q, const float* k_cache, const float* v_cache
 }
 
 #if defined(__AVX512BF16__)
-// attend_split for a bfloat16 cache, head_dim = 32 * C2 (same arguments), all in VDPBF16PS on
-// the cache's own rows:
-// - scores: q . k (exact products, float32 sums), then times scale;
-// - the weighted sum of V: two keys' rows interleaved word by word (shared by the group's heads)
-//   against their two weights as a bf16 pair, so one instruction adds p_j v_j + p_j+1 v_j+1 for
-//   16 dimensions. The weights are rounded to bf16 (as the torch path rounds its probabilities),
-//   and the sum of weights is taken over the rounded ones. The interleave leaves the dimensions
-//   of each 32 in the order of unpacklo / unpackhi, put back when the split ends.
+// Keys ahead of the one being scored whose K rows are requested from memory first.
+constexpr int kPrefetchKeys = 32;
+
+// the cache lines of one row of `bytes` bytes
+inline void prefetch_row(const void* row, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(static_cast<const char*>(row) + off, _MM_HINT_T0);
+}
+
+// attend_split for a bfloat16 cache, head_dim = 32 * C2 (same arguments), in three passes over
+// the split's keys (at most kSplitKeys), all in VDPBF16PS on the cache's own rows:
+// 1. scores q . k (exact products, float32 sums) times scale, 16 keys per transposing reduction,
+//    for every head of the group; the V rows are requested while the K rows are read;
+// 2. one softmax per head over the whole split (no running maximum to rescale by): the weights
+//    exp(score - max) rounded to bf16 (as the torch path rounds its probabilities), their sum
+//    taken over the rounded ones;
+// 3. the weighted sum of V: two keys' rows interleaved word by word (once, shared by the group's
+//    heads) against their two weights as a bf16 pair, so one instruction adds p_j v_j +
+//    p_j+1 v_j+1 for 16 dimensions, with the sums in registers for the whole split. The
+//    interleave leaves the dimensions of each 32 in the order of unpacklo / unpackhi, put back
+//    at the store.
 template <int C2>
 void attend_split_bf16(const at::BFloat16* q, const at::BFloat16* k_cache, const at::BFloat16* v_cache,
                        const int32_t* table, int64_t begin, int64_t end, int64_t group, int64_t block_size,
                        int64_t kv_head_stride, float scale, float* acc, float* max_out, float* sum_out) {
   constexpr int64_t head_dim = 32 * C2;
-  __m512i pairs[kChunk / 2][C2][2];  // [key pair][32 dimensions][unpacklo, unpackhi]
-  alignas(64) uint32_t weight_pairs[kChunk / 2];
-  for (int64_t g = 0; g < group; ++g) {
-    for (int c = 0; c < 2 * C2; ++c) _mm512_storeu_ps(acc + g * head_dim + 16 * c, _mm512_setzero_ps());
-    max_out[g] = -std::numeric_limits<float>::infinity();
-    sum_out[g] = 0.f;
+  constexpr int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(at::BFloat16));
+  const int n = static_cast<int>(end - begin);
+  const at::BFloat16* krow[kSplitKeys];
+  const at::BFloat16* vrow[kSplitKeys];
+  for (int t = 0; t < n; ++t) {
+    const int64_t key = begin + t;
+    const int64_t offset = (static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * head_dim;
+    krow[t] = k_cache + kv_head_stride + offset;
+    vrow[t] = v_cache + kv_head_stride + offset;
   }
-  for_each_chunk(table, begin, end, block_size, head_dim, [&](int64_t base, int n) {
-    const at::BFloat16* krows = k_cache + kv_head_stride + base;
-    const at::BFloat16* vrows = v_cache + kv_head_stride + base;
-    const int num_pairs = (n + 1) / 2;
-    for (int jp = 0; jp < num_pairs; ++jp)
-      for (int c = 0; c < C2; ++c) {
-        const __m512i a = _mm512_loadu_si512(vrows + (2 * jp) * head_dim + 32 * c);
-        const __m512i b = 2 * jp + 1 < n ? _mm512_loadu_si512(vrows + (2 * jp + 1) * head_dim + 32 * c)
-                                         : _mm512_setzero_si512();
-        pairs[jp][c][0] = _mm512_unpacklo_epi16(a, b);
-        pairs[jp][c][1] = _mm512_unpackhi_epi16(a, b);
-      }
-    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+  for (int t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_row(krow[t], row_bytes);
+
+  // 1. scores [group][keys], -inf past the split's keys up to the chunk's end
+  alignas(64) float scores[kMaxGroup][kSplitKeys];
+  __m512bh qv[kMaxGroup][C2];
+  for (int64_t g = 0; g < group; ++g)
+    for (int c = 0; c < C2; ++c) qv[g][c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + g * head_dim + 32 * c));
+  const int chunks = (n + kChunk - 1) / kChunk;
+  for (int ch = 0; ch < chunks; ++ch) {
+    const int j0 = ch * kChunk, m = std::min(kChunk, n - j0);
+    for (int j = j0; j < j0 + m; ++j) {
+      prefetch_row(vrow[j], row_bytes);
+      if (j + kPrefetchKeys < n) prefetch_row(krow[j + kPrefetchKeys], row_bytes);
+    }
+    const __mmask16 valid = static_cast<__mmask16>((1u << m) - 1);
     for (int64_t g = 0; g < group; ++g) {
-      __m512bh qv[C2];
-      for (int c = 0; c < C2; ++c) qv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + g * head_dim + 32 * c));
       __m512 parts[kChunk];
       for (int j = 0; j < kChunk; ++j) {
         __m512 s = _mm512_setzero_ps();
-        if (j < n)
+        if (j < m)
           for (int c = 0; c < C2; ++c)
-            s = _mm512_dpbf16_ps(s, qv[c], reinterpret_cast<__m512bh>(_mm512_loadu_si512(krows + j * head_dim + 32 * c)));
+            s = _mm512_dpbf16_ps(s, qv[g][c], reinterpret_cast<__m512bh>(_mm512_loadu_si512(krow[j0 + j] + 32 * c)));
         parts[j] = s;
       }
-      float rescale;
-      const __m512 probs = softmax_chunk(_mm512_mul_ps(sum_lanes16(parts), _mm512_set1_ps(scale)), valid, max_out[g],
-                                         rescale);
-      const __m256i rounded = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(probs));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(weight_pairs), rounded);
-      const __m512 used = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16));
-      sum_out[g] = sum_out[g] * rescale + _mm512_reduce_add_ps(used);
-      float* a = acc + g * head_dim;
-      __m512 av[2 * C2];
-      for (int c = 0; c < 2 * C2; ++c) av[c] = _mm512_mul_ps(_mm512_loadu_ps(a + 16 * c), _mm512_set1_ps(rescale));
-      for (int jp = 0; jp < num_pairs; ++jp) {
-        const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(weight_pairs[jp])));
-        for (int c = 0; c < C2; ++c)
-          for (int h = 0; h < 2; ++h)
-            av[2 * c + h] = _mm512_dpbf16_ps(av[2 * c + h], reinterpret_cast<__m512bh>(pairs[jp][c][h]), w);
-      }
-      for (int c = 0; c < 2 * C2; ++c) _mm512_storeu_ps(a + 16 * c, av[c]);
+      _mm512_store_ps(scores[g] + j0,
+                      _mm512_mask_blend_ps(valid, _mm512_set1_ps(-std::numeric_limits<float>::infinity()),
+                                           _mm512_mul_ps(sum_lanes16(parts), _mm512_set1_ps(scale))));
     }
-  }, [&](int64_t base, int n) {
-    prefetch_rows(k_cache + kv_head_stride + base, v_cache + kv_head_stride + base, n,
-                  head_dim * sizeof(at::BFloat16));
-  });
-  // back to dimension order: per 32, unpacklo held 128-bit lanes of dimensions 0-3, 8-11, 16-19,
-  // 24-27 and unpackhi 4-7, 12-15, 20-23, 28-31
-  for (int64_t g = 0; g < group; ++g)
+  }
+
+  // 2. weights [group][keys] as bf16, 0 past the split's keys
+  alignas(64) uint16_t weights[kMaxGroup][kSplitKeys];
+  for (int64_t g = 0; g < group; ++g) {
+    __m512 running = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int ch = 0; ch < chunks; ++ch) running = _mm512_max_ps(running, _mm512_load_ps(scores[g] + ch * kChunk));
+    const float max = _mm512_reduce_max_ps(running);
+    __m512 total = _mm512_setzero_ps();
+    for (int ch = 0; ch < chunks; ++ch) {
+      const int j0 = ch * kChunk;
+      const __mmask16 valid = static_cast<__mmask16>((1u << std::min(kChunk, n - j0)) - 1);
+      const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(_mm512_load_ps(scores[g] + j0),
+                                                                      _mm512_set1_ps(max))));
+      const __m256i rounded = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(weights[g] + j0), rounded);
+      total = _mm512_add_ps(total, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16)));
+    }
+    max_out[g] = max;
+    sum_out[g] = _mm512_reduce_add_ps(total);
+  }
+
+  // 3. acc [group][head_dim] = sum over keys of weight * V row
+  const int num_pairs = (n + 1) / 2;
+  __m512i pairs[kSplitKeys / 2][C2][2];  // [key pair][32 dimensions][unpacklo, unpackhi]
+  for (int jp = 0; jp < num_pairs; ++jp)
     for (int c = 0; c < C2; ++c) {
-      float* a = acc + g * head_dim + 32 * c;
-      const __m512 lo = _mm512_loadu_ps(a), hi = _mm512_loadu_ps(a + 16);
-      const __m512 first = _mm512_shuffle_f32x4(lo, hi, 0x44), second = _mm512_shuffle_f32x4(lo, hi, 0xEE);
-      _mm512_storeu_ps(a, _mm512_shuffle_f32x4(first, first, 0xD8));
-      _mm512_storeu_ps(a + 16, _mm512_shuffle_f32x4(second, second, 0xD8));
+      const __m512i a = _mm512_loadu_si512(vrow[2 * jp] + 32 * c);
+      const __m512i b = 2 * jp + 1 < n ? _mm512_loadu_si512(vrow[2 * jp + 1] + 32 * c) : _mm512_setzero_si512();
+      pairs[jp][c][0] = _mm512_unpacklo_epi16(a, b);
+      pairs[jp][c][1] = _mm512_unpackhi_epi16(a, b);
     }
+  for (int64_t g = 0; g < group; ++g) {
+    const uint32_t* weight_pairs = reinterpret_cast<const uint32_t*>(weights[g]);  // key 2jp in the low half
+    __m512 av[2][2 * C2];  // two sets of sums, even and odd pairs: twice the independent chains
+    for (int c = 0; c < 2 * C2; ++c) av[0][c] = av[1][c] = _mm512_setzero_ps();
+    for (int jp = 0; jp < num_pairs; ++jp) {
+      const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(weight_pairs[jp])));
+      __m512* sums = av[jp & 1];
+      for (int c = 0; c < C2; ++c)
+        for (int h = 0; h < 2; ++h)
+          sums[2 * c + h] = _mm512_dpbf16_ps(sums[2 * c + h], reinterpret_cast<__m512bh>(pairs[jp][c][h]), w);
+    }
+    // back to dimension order: per 32, unpacklo held 128-bit lanes of dimensions 0-3, 8-11,
+    // 16-19, 24-27 and unpackhi 4-7, 12-15, 20-23, 28-31
+    float* a = acc + g * head_dim;
+    for (int c = 0; c < C2; ++c) {
+      const __m512 lo = _mm512_add_ps(av[0][2 * c], av[1][2 * c]);
+      const __m512 hi = _mm512_add_ps(av[0][2 * c + 1], av[1][2 * c + 1]);
+      const __m512 first = _mm512_shuffle_f32x4(lo, hi, 0x44), second = _mm512_shuffle_f32x4(lo, hi, 0xEE);
+      _mm512_storeu_ps(a + 32 * c, _mm512_shuffle_f32x4(first, first, 0xD8));
+      _mm512_storeu_ps(a + 32 * c + 16, _mm512_shuffle_f32x4(second, second, 0xD8));
+    }
+  }
 }
 #endif
 #endif  // __AVX512F__
