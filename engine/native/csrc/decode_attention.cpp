@@ -331,13 +331,18 @@ void attend_split_bf16(const at::BFloat16* q, const at::BFloat16* k_cache, const
     const uint32_t* weight_pairs = reinterpret_cast<const uint32_t*>(weights[g]);  // key 2jp in the low half
     __m512 av[2][2 * C2];  // two sets of sums, even and odd pairs: twice the independent chains
     for (int c = 0; c < 2 * C2; ++c) av[0][c] = av[1][c] = _mm512_setzero_ps();
-    for (int jp = 0; jp < num_pairs; ++jp) {
+    const auto add_pair = [&](__m512* sums, int jp) {
       const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(weight_pairs[jp])));
-      __m512* sums = av[jp & 1];
       for (int c = 0; c < C2; ++c)
         for (int h = 0; h < 2; ++h)
           sums[2 * c + h] = _mm512_dpbf16_ps(sums[2 * c + h], reinterpret_cast<__m512bh>(pairs[jp][c][h]), w);
+    };
+    int jp = 0;
+    for (; jp + 1 < num_pairs; jp += 2) {  // the two sets by a fixed index, so they stay in registers
+      add_pair(av[0], jp);
+      add_pair(av[1], jp + 1);
     }
+    if (jp < num_pairs) add_pair(av[0], jp);
     // back to dimension order: per 32, unpacklo held 128-bit lanes of dimensions 0-3, 8-11,
     // 16-19, 24-27 and unpackhi 4-7, 12-15, 20-23, 28-31
     float* a = acc + g * head_dim;
