@@ -5,7 +5,9 @@
 
 Each round runs `engine/bench/workloads.py` (this checkout's copy, so both sides run the same
 workloads and timing code) once against the baseline checkout and once against this one, each in
-a fresh process; figures are the best of the rounds, and the ratio column is after / before.
+a fresh process; figures are the best of the rounds, and the ratio columns are after / before:
+of tok/s (first request in to last token out, prefills included) and of decode tok/s (the phase
+where every sequence decodes: what a change to the decode step alone moves).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
-COLUMNS = [("output_tps", "tok/s", "{:.1f}"), ("host_ms", "host ms/step", "{:.2f}"),
+COLUMNS = [("output_tps", "tok/s", "{:.1f}"), ("decode_tps", "decode tok/s", "{:.1f}"), ("host_ms", "host ms/step", "{:.2f}"),
            ("forward_ms", "forward ms/step", "{:.1f}"), ("sample_ms", "sample ms/step", "{:.2f}")]
 
 
@@ -53,13 +55,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{args.dtype}; {args.prompt_len}-token random prompts, {args.output_len} new tokens, EOS ignored; "
           f"sampled = temperature 0.8, top_p 0.95, presence_penalty 0.5; best of {args.rounds} rounds")
     labels = "".join(f"{label:>17}" for _, label, _ in COLUMNS)
-    print(f"{'workload':<20}{'checkout':<10}{labels}{'tok/s ratio':>13}")
+    print(f"{'workload':<20}{'checkout':<10}{labels}{'tok/s ratio':>13}{'decode ratio':>14}")
     for workload in best["after"]:
         for side in ("before", "after"):
             figures = best[side][workload]
             cells = "".join(f"{fmt.format(figures[key]):>17}" for key, _, fmt in COLUMNS)
             ratio = figures["output_tps"] / best["before"][workload]["output_tps"]
-            print(f"{workload if side == 'before' else '':<20}{side:<10}{cells}{ratio:>12.2f}x")
+            decode_ratio = figures["decode_tps"] / best["before"][workload]["decode_tps"]
+            print(f"{workload if side == 'before' else '':<20}{side:<10}{cells}{ratio:>12.2f}x{decode_ratio:>13.2f}x")
 
 if __name__ == "__main__":
     main()

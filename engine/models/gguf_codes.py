@@ -86,6 +86,27 @@ class GroupCodes:
         mins = torch.empty(0, dtype=torch.float16) if self.mins is None else panel(self.mins).squeeze(-1)
         return panel(codes), panel(self.scales).squeeze(-1), mins
 
+    def int8_tiles(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q4_1 (codes, scales, mins) in q4_int8_linear.cpp's layout: tiles of 16 outputs by one
+        group, four vectors of 64 bytes ([out / 16, in / 32, 4, 64]: byte b of vector t holds output
+        b / 4 at input 4t + b % 4 in its low nibble and at 4(t + 4) + b % 4 in its high one), and
+        float16 [out / 16, in / 32, 16]."""
+        assert self.format == "q4_1" and self.int8_tiles_ready, f"{self.format} {self.shape}"
+        out, inputs = self.shape
+        groups = inputs // GROUP
+        q = self._q4_values().view(out // 16, 16, groups, 8, 4).permute(0, 2, 3, 1, 4)  # [tile, g, quad, 16, 4]
+        codes = (q[:, :, :4] | (q[:, :, 4:] << 4)).reshape(out // 16, groups, 4, 64).contiguous()
+
+        def per_tile(t: torch.Tensor) -> torch.Tensor:
+            return t.view(out // 16, 16, groups).transpose(1, 2).contiguous()
+
+        assert self.mins is not None
+        return codes, per_tile(self.scales), per_tile(self.mins)
+
+    @property
+    def int8_tiles_ready(self) -> bool:
+        return self.format == "q4_1" and self.shape[0] % 16 == 0
+
     @property
     def panel_ready(self) -> bool:
         out, inputs = self.shape

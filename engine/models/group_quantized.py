@@ -5,7 +5,10 @@ A decode step of a few rows is bound by the bytes of the weights it reads: the c
 of bf16's (Q4_1: 5 bits per weight with its scale and minimum). A step of many rows is bound by
 arithmetic instead, so each layer also has a batch method for the rows above `max_rows`: int8
 activations x int8 weights through AVX512-VNNI (engine/models/int8_linear.py) where the CPU has it
-and it measures faster, else oneDNN's packed matmul on the dense weights. The batch method and the
+and it measures faster, else oneDNN's packed matmul on the dense weights. Where int8 batches are
+allowed, Q4_1 codes meet int8 activations as well (q4_int8_linear.cpp: the 4-bit codes straight
+into VPDPBUSD), which leaves a few rows bound by the bytes of the codes instead of by turning
+each code into a bf16. The batch method and the
 crossover are measured once at start-up per distinct shape (`measure_batch_methods`) and logged.
 
 The dense weights are the codes de-quantized (exact in float32) and rounded to the engine's
@@ -42,10 +45,15 @@ class GroupQuantizedMethod(LinearMethod):
     """One layer's codes (in the kernel's panel layout), its dense method, and the method for the
     rows above the crossover (`batch`: the dense method or an Int8LinearMethod)."""
 
-    def __init__(self, dense: LinearMethod, codes: GroupCodes, native: ModuleType, max_rows: int = 0):
+    def __init__(self, dense: LinearMethod, codes: GroupCodes, native: ModuleType, max_rows: int = 0,
+                 int8_activations: bool = False):
         self.dense, self.native, self.format = dense, native, codes.format
         self.batch: LinearMethod = dense
-        self.codes, self.scales, self.mins = codes.panels()
+        if int8_activations and codes.int8_tiles_ready:  # Q4_1 against int8 activations (VPDPBUSD)
+            self.format = "q4_1_int8"
+            self.codes, self.scales, self.mins = codes.int8_tiles()
+        else:
+            self.codes, self.scales, self.mins = codes.panels()
         self.nbytes = codes.nbytes
         self.max_rows = max_rows  # rows up to which the codes run (0: never); set by measure_batch_methods
 
@@ -92,7 +100,8 @@ class GroupQuantizedMethod(LinearMethod):
 
 def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: ModuleType, int8: bool) -> list[str]:
     """Give every linear layer with codes for all its checkpoint matrices a GroupQuantizedMethod,
-    with int8 weights for batches if `int8` (and the kernel and the shape allow); return the names
+    with int8 weights for batches if `int8` (and the kernel and the shape allow), and then Q4_1
+    codes against int8 activations for the rows below the crossover too; return the names
     of those left dense. A merged layer stacks its shards' codes in its shard order; a tied LM
     head takes the embedding's."""
     int8 = int8 and native.int8_linear_available()
@@ -120,7 +129,7 @@ def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: Modu
         if not stacked.panel_ready:  # the kernel's panels and steps do not divide this shape
             dense_left.append(name)
             continue
-        method = GroupQuantizedMethod(layer.method, stacked, native)
+        method = GroupQuantizedMethod(layer.method, stacked, native, int8_activations=int8)
         if int8 and int8_shape_ready(layer.output_size, layer.input_size):
             method.batch = Int8LinearMethod(stacked.dequantize(), native)
         layer.method = method
@@ -167,9 +176,10 @@ def _crossover(methods: list[GroupQuantizedMethod], layers: list[Linear], dtype:
     if methods[0].batch is methods[0].dense:
         best, tried = 0, CANDIDATE_ROWS
     else:
-        # A lone row always takes the codes: decode at batch 1 on the shipped weights exactly. (The
-        # int8 method's kernel can beat the codes' at one row on a matrix that partly stays in
-        # the caches, but it rounds both the weights and the activations.)
+        # A lone row always takes the codes: decode at batch 1 on the shipped weights exactly (with
+        # int8 activations for Q4_1 codes, as the batches have). The int8 method's kernel can beat
+        # the codes' at one row on a matrix that partly stays in the caches, but it rounds the
+        # weights too.
         best, tried = 1, CANDIDATE_ROWS[1:]
     for rows in (r for r in tried if r <= limit):
         x = _probe_input(layers, dtype, rows)

@@ -34,6 +34,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x [rows, in] @ W^T, x as int8 per group of 32 and W as int8 per output (uint8 [out/16, in/4, 16, 4], "
         "q + 128; float32 scales [out])",
         py::arg("x"), py::arg("weights"), py::arg("w_scale"), py::arg("float32_out") = false);
+  m.def("q4_int8_linear", &q4_int8_linear,
+        "x [rows, in] @ W^T, W the Q4_1 codes (uint8 [out/16, in/32, 4, 64] + float16 scales and mins "
+        "[out/16, in/32, 16]), x as int8 per group of 32",
+        py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("float32_out") = false);
   m.def("inverse_cdf", &inverse_cdf, "per row, the token whose slice of the cumulative distribution holds u x total",
         py::arg("probs"), py::arg("u"));
   m.def("nucleus_ok", &nucleus_ok, "whether each drawn token survives top-p and min-p", py::arg("probs"),

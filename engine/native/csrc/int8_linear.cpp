@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "int8_activations.h"
 #include "vec16.h"
 
 #include <cstdint>
@@ -31,34 +32,9 @@ constexpr int64_t kQuad = 4;     // inputs per VPDPBUSD lane
 constexpr int kTileVectors = 3;  // weight vectors per tile (48 outputs)
 constexpr int kTileRows = 4;     // rows per tile: 4 x 3 int32 and 4 x 3 float32 accumulators
 
-struct Activations {
-  std::vector<int8_t> q;         // [M, K]
-  std::vector<float> scale;      // [M, G] dx
-  std::vector<int32_t> offset;   // [M, G] -128 * sum of the group's q
-};
-
 #if defined(__AVX512VNNI__)
-template <typename In>
-void quantize_rows(const In* x, int64_t M, int64_t K, Activations& a) {
-  const int64_t G = K / kGroup;
-  a.q.resize(M * K);
-  a.scale.resize(M * G);
-  a.offset.resize(M * G);
-  at::parallel_for(0, M * G, 64, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const In* xg = x + i * kGroup;
-      const __m512 v0 = llm_serve::load16(xg), v1 = llm_serve::load16(xg + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inv)));  // nearest, ties to even
-      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inv)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + i * kGroup), _mm512_cvtsepi32_epi8(q0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + i * kGroup + 16), _mm512_cvtsepi32_epi8(q1));
-      a.scale[i] = amax / 127.f;
-      a.offset[i] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-    }
-  });
-}
+using llm_serve::Activations;
+using llm_serve::quantize_rows;
 
 // Rows r0..r0+R of outputs v0 * 16 .. (v0 + V) * 16
 template <int R, int V, typename Out>

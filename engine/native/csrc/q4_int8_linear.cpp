@@ -1,0 +1,131 @@
+// Linear layers on Q4_1 codes (the GGUF's own 4-bit weights, exactly) against int8 activations,
+// for the few rows of a decode step: VPDPBUSD multiplies the unsigned 4-bit codes by the signed
+// int8 activations directly, 64 products per instruction, where the bf16 path (quant_linear.cpp)
+// turns every code into a bf16 first and then is bound by that arithmetic, not by the bytes.
+//
+//   weights: w[n, k] = d[n, g] * q[n, k] + m[n, g], q in 0..15 (Q4_1, groups g of 32 inputs)
+//   activations: x[m, k] ~ dx[m, g] * qx[m, k] (int8_activations.h)
+//   out[m, n] = sum_g dx[m, g] * (d[n, g] * sum_{k in g} q[n, k] qx[m, k] + m[n, g] * sum_{k in g} qx[m, k])
+//
+// that is, the exact weights times the int8-rounded activations, in float32; the integer dots
+// are exact in int32, the sums over groups run in order, so a row's result does not depend on
+// the batch it is in.
+//
+// Layout (engine/models/gguf_codes.py GroupCodes.int8_tiles): 16 outputs by one group of 32
+// inputs are 256 bytes, four vectors of 64; byte b of vector t holds output b / 4 at input
+// 4t + b % 4 in its low nibble and at input 4(t + 4) + b % 4 in its high one, so a mask and a
+// shift give the 16 x 4 codes that one VPDPBUSD takes against 4 activations broadcast.
+//   codes uint8 [N/16, K/32, 4, 64]; scales, mins float16 [N/16, K/32, 16]
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "int8_activations.h"
+#include "kernels.h"
+
+#include <cstdint>
+
+namespace {
+
+constexpr int64_t kGroup = llm_serve::kActivationGroup;
+constexpr int64_t kOutputs = 16;     // per tile
+constexpr int64_t kTileBytes = 256;  // codes of one tile and group
+constexpr int kMaxRows = 4;          // rows per pass over a tile's codes
+
+#if defined(__AVX512VNNI__)
+// Rows r0..r0+R of the 16 outputs of tile `tile`
+template <int R, typename Out>
+void tile_rows(const llm_serve::Activations& a, const uint8_t* codes, const at::Half* scales, const at::Half* mins,
+               int64_t K, int64_t tile, int64_t r0, Out* out, int64_t N) {
+  const int64_t G = K / kGroup;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const uint8_t* c = codes + tile * G * kTileBytes;
+  const at::Half* d = scales + tile * G * kOutputs;
+  const at::Half* m = mins + tile * G * kOutputs;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t ahead = 0; ahead < kTileBytes; ahead += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(c + (g + 4) * kTileBytes + ahead), _MM_HINT_T0);
+    __m512i q[8];  // inputs 4t..4t+3 of group g for the 16 outputs
+    for (int t = 0; t < 4; ++t) {
+      const __m512i v = _mm512_loadu_si512(c + g * kTileBytes + 64 * t);
+      q[t] = _mm512_and_si512(v, nibble);
+      q[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    }
+    const __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + g * kOutputs)));
+    const __m512 mg = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m + g * kOutputs)));
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xq = a.q.data() + (r0 + r) * K + g * kGroup;
+      __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();  // two chains
+      for (int t = 0; t < 8; t += 2) {
+        int32_t four[2];
+        __builtin_memcpy(four, xq + 4 * t, sizeof(four));
+        even = _mm512_dpbusd_epi32(even, q[t], _mm512_set1_epi32(four[0]));
+        odd = _mm512_dpbusd_epi32(odd, q[t + 1], _mm512_set1_epi32(four[1]));
+      }
+      const int64_t rg = (r0 + r) * G + g;
+      const float dx = a.scale[rg];
+      const float qx_sum = static_cast<float>(-a.offset[rg] / 128);
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+      // dx * (d * dot + m * sum qx): the products as the formula above orders them
+      const __m512 group = _mm512_fmadd_ps(dg, dot, _mm512_mul_ps(mg, _mm512_set1_ps(qx_sum)));
+      acc[r] = _mm512_fmadd_ps(group, _mm512_set1_ps(dx), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) llm_serve::store16(out + (r0 + r) * N + tile * kOutputs, acc[r]);
+}
+
+template <typename In, typename Out>
+void run(const In* x, const uint8_t* codes, const at::Half* scales, const at::Half* mins, int64_t M, int64_t K,
+         int64_t N, Out* out) {
+  llm_serve::Activations a;
+  llm_serve::quantize_rows(x, M, K, a);
+  // a thread takes whole tiles; a tile's codes (K / 2 x 16 bytes) stay in L1/L2 over its rows
+  at::parallel_for(0, N / kOutputs, 2, [&](int64_t lo, int64_t hi) {
+    for (int64_t tile = lo; tile < hi; ++tile) {
+      int64_t r = 0;
+      for (; r + kMaxRows <= M; r += kMaxRows) tile_rows<kMaxRows>(a, codes, scales, mins, K, tile, r, out, N);
+      switch (M - r) {
+        case 3: tile_rows<3>(a, codes, scales, mins, K, tile, r, out, N); break;
+        case 2: tile_rows<2>(a, codes, scales, mins, K, tile, r, out, N); break;
+        case 1: tile_rows<1>(a, codes, scales, mins, K, tile, r, out, N); break;
+        default: break;
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace
+
+at::Tensor q4_int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                          const at::Tensor& mins, bool float32_out) {
+  TORCH_CHECK(int8_linear_available(), "q4_int8_linear needs AVX512-VNNI");
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "x: float32 or bfloat16 [rows, in_features]");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % kGroup == 0, "in_features must be a multiple of 32");
+  TORCH_CHECK(codes.is_contiguous() && codes.scalar_type() == at::kByte && codes.dim() == 4 &&
+                  codes.size(1) == K / kGroup && codes.size(2) == 4 && codes.size(3) == 64,
+              "codes: uint8 [out/16, in/32, 4, 64], contiguous");
+  const int64_t N = codes.size(0) * kOutputs;
+  for (const at::Tensor* t : {&scales, &mins})
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kHalf && t->numel() == N * (K / kGroup),
+                "scales, mins: float16 [out/16, in/32, 16], contiguous");
+  const auto out_dtype = float32_out ? at::kFloat : x.scalar_type();
+  at::Tensor out = at::empty({M, N}, x.options().dtype(out_dtype));
+#if defined(__AVX512VNNI__)
+  const at::Tensor xc = x.contiguous();
+  const auto* c = codes.data_ptr<uint8_t>();
+  const at::Half* d = scales.data_ptr<at::Half>();
+  const at::Half* m = mins.data_ptr<at::Half>();
+  if (x.scalar_type() == at::kFloat) {
+    run(xc.data_ptr<float>(), c, d, m, M, K, N, out.data_ptr<float>());  // float32 out either way
+  } else if (float32_out) {
+    run(xc.data_ptr<at::BFloat16>(), c, d, m, M, K, N, out.data_ptr<float>());
+  } else {
+    run(xc.data_ptr<at::BFloat16>(), c, d, m, M, K, N, out.data_ptr<at::BFloat16>());
+  }
+#endif
+  return out;
+}
