@@ -27,8 +27,10 @@ class EngineConfig:
                 "(per group of 32; lossy, needs AVX512-VNNI)", choices=("auto", "gguf", "none", "int8"))
     batch_linear: str = opt(
         "auto", "the linear layers of batches above the GGUF codes' crossover: int8 (activations per group of 32 x "
-                "weights per output channel, AVX512-VNNI), dense (--dtype weights through oneDNN), or auto: with "
-                "bfloat16, int8 where the CPU has VNNI and it measures faster at start-up; with float32, dense",
+                "weights per output channel, AVX512-VNNI; and then the Q4_1 codes of the rows below the crossover "
+                "against int8 activations too: faster at batch 1, lossy), dense (--dtype weights through oneDNN), "
+                "or auto: with bfloat16, int8 batches where the CPU has VNNI and they measure faster at start-up, "
+                "the codes' rows on bfloat16 activations; with float32, dense",
         choices=("auto", "int8", "dense"))
     dtype: str = opt("auto", "float32 | bfloat16 | float16 | auto (bfloat16 on CPU and CUDA)")
     device: str = opt("auto", "cpu | cuda | auto")

@@ -5,10 +5,11 @@ A decode step of a few rows is bound by the bytes of the weights it reads: the c
 of bf16's (Q4_1: 5 bits per weight with its scale and minimum). A step of many rows is bound by
 arithmetic instead, so each layer also has a batch method for the rows above `max_rows`: int8
 activations x int8 weights through AVX512-VNNI (engine/models/int8_linear.py) where the CPU has it
-and it measures faster, else oneDNN's packed matmul on the dense weights. Where int8 batches are
-allowed, Q4_1 codes meet int8 activations as well (q4_int8_linear.cpp: the 4-bit codes straight
+and it measures faster, else oneDNN's packed matmul on the dense weights. With `--batch-linear
+int8`, the Q4_1 codes meet int8 activations as well (q4_int8_linear.cpp: the 4-bit codes straight
 into VPDPBUSD), which leaves a few rows bound by the bytes of the codes instead of by turning
-each code into a bf16. The batch method and the
+each code into a bf16; lossy, so not the default (greedy tokens part from bf16's at logit gaps
+up to ~0.5 on the test prompts). The batch method and the
 crossover are measured once at start-up per distinct shape (`measure_batch_methods`) and logged.
 
 The dense weights are the codes de-quantized (exact in float32) and rounded to the engine's
@@ -98,13 +99,15 @@ class GroupQuantizedMethod(LinearMethod):
         return self.nbytes if rows <= self.max_rows else self.batch.weight_bytes_read(layer, rows, dtype)
 
 
-def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: ModuleType, int8: bool) -> list[str]:
+def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: ModuleType, int8: bool,
+                    int8_codes: bool = False) -> list[str]:
     """Give every linear layer with codes for all its checkpoint matrices a GroupQuantizedMethod,
-    with int8 weights for batches if `int8` (and the kernel and the shape allow), and then Q4_1
-    codes against int8 activations for the rows below the crossover too; return the names
+    with int8 weights for batches if `int8` (and the kernel and the shape allow), and Q4_1 codes
+    against int8 activations for the rows below the crossover if `int8_codes`; return the names
     of those left dense. A merged layer stacks its shards' codes in its shard order; a tied LM
     head takes the embedding's."""
     int8 = int8 and native.int8_linear_available()
+    int8_codes = int8_codes and int8
     mapping = getattr(model, "packed_modules_mapping", {})
     tied = getattr(getattr(model, "arch", None), "tie_word_embeddings", False)
     dense_left = []
@@ -129,7 +132,7 @@ def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: Modu
         if not stacked.panel_ready:  # the kernel's panels and steps do not divide this shape
             dense_left.append(name)
             continue
-        method = GroupQuantizedMethod(layer.method, stacked, native, int8_activations=int8)
+        method = GroupQuantizedMethod(layer.method, stacked, native, int8_activations=int8_codes)
         if int8 and int8_shape_ready(layer.output_size, layer.input_size):
             method.batch = Int8LinearMethod(stacked.dequantize(), native)
         layer.method = method
@@ -177,9 +180,9 @@ def _crossover(methods: list[GroupQuantizedMethod], layers: list[Linear], dtype:
         best, tried = 0, CANDIDATE_ROWS
     else:
         # A lone row always takes the codes: decode at batch 1 on the shipped weights exactly (with
-        # int8 activations for Q4_1 codes, as the batches have). The int8 method's kernel can beat
-        # the codes' at one row on a matrix that partly stays in the caches, but it rounds the
-        # weights too.
+        # --batch-linear int8, against int8 activations). The int8 method's kernel can beat the
+        # codes' at one row on a matrix that partly stays in the caches, but it rounds the weights
+        # too.
         best, tried = 1, CANDIDATE_ROWS[1:]
     for rows in (r for r in tried if r <= limit):
         x = _probe_input(layers, dtype, rows)

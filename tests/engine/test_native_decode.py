@@ -3,7 +3,8 @@
 The default model on its codes, greedy with logprobs: decode steps taken by the one native call
 give bitwise the modules' logprobs (the same kernels in the same order), counted so the test
 knows the call ran; steps it must not take (prefill chunks, more rows than every layer's codes
-crossover, a batch-invariant request) leave it alone and still give the same tokens.
+crossover, a batch-invariant request) leave it alone and still give the same tokens. Both with
+the default linears and with `--batch-linear int8` (Q4_1 codes against int8 activations).
 """
 from __future__ import annotations
 
@@ -30,13 +31,19 @@ class CountedCalls:
         return self.impl.forward(*args)
 
 
-@pytest.fixture(scope="module")
-def llm():
+@pytest.fixture(scope="module", params=["auto", "int8"])
+def llm(request):
+    # "int8": the Q4_1 codes against int8 activations (q4_int8_linear.cpp), through the same call
+    if request.param == "int8" and not kernels().int8_linear_available():
+        pytest.skip("the int8 kernels need AVX512-VNNI")
     # no prefix caching: the second run of a prompt computes its prefill as the first did
     llm = LLM(dtype="bfloat16", device="cpu", kv_cache_memory=64 << 20, max_model_len=512, max_num_seqs=8,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, batch_linear=request.param)
     model = llm.engine.model
     assert model.native_layers is not None, "the default model's layers should run as one native call"
+    formats = {module.method.format for module in model.modules()
+               if isinstance(getattr(module, "method", None), GroupQuantizedMethod)}
+    assert ("q4_1_int8" in formats) == (request.param == "int8"), formats
     for module in model.modules():
         if isinstance(getattr(module, "method", None), GroupQuantizedMethod):
             module.method.max_rows = MAX_ROWS

@@ -1,0 +1,88 @@
+"""Q4_1 codes against int8 activations (engine/native/csrc/q4_int8_linear.cpp, `--batch-linear
+int8`) against a plain-torch reference of the same arithmetic, and the layout it reads.
+
+The reference quantizes each row's groups of 32 as the kernel does (float32 amax, scale 127 /
+amax, round half to even), and multiplies those de-quantized activations by the exact
+de-quantized Q4_1 weights in float64: the kernel's float32 sums must match it to float32
+rounding.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.models.gguf_codes import GroupCodes
+from engine.native import kernels
+
+native = kernels()
+pytestmark = pytest.mark.skipif(native is None or not native.int8_linear_available(),
+                                reason="the int8 kernels need the native kernels and AVX512-VNNI")
+
+
+def _codes(outputs: int, inputs: int, seed: int) -> GroupCodes:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (outputs, inputs // 32, 32), dtype=torch.uint8, generator=g)
+    scales = (torch.rand(outputs, inputs // 32, generator=g) * 0.02 + 1e-3).half()
+    mins = (-torch.rand(outputs, inputs // 32, generator=g) * 0.1).half()
+    packed = (q[:, :, :16] | (q[:, :, 16:] << 4)).reshape(outputs, inputs // 2)  # the GGUF's byte order
+    return GroupCodes("q4_1", packed.contiguous(), scales, mins)
+
+
+def _reference(x: torch.Tensor, codes: GroupCodes) -> torch.Tensor:
+    rows, inputs = x.shape
+    groups = x.float().view(rows, inputs // 32, 32)
+    amax = groups.abs().amax(dim=2, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
+    x_int8 = (torch.round(groups * inv).double() * (amax / 127).double()).view(rows, inputs)
+    return (x_int8 @ codes.dequantize().double().t()).float()
+
+
+def _run(x: torch.Tensor, codes: GroupCodes, float32_out: bool) -> torch.Tensor:
+    return native.quant_linear(x, *codes.int8_tiles(), "q4_1_int8", float32_out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])  # tiles of 4 rows and every remainder
+@pytest.mark.parametrize("inputs,outputs", [(64, 16), (576, 960), (1536, 576)])
+def test_q4_int8_linear_matches_the_reference(dtype, rows, inputs, outputs):
+    codes = _codes(outputs, inputs, rows * 1000 + outputs)
+    x = torch.randn(rows, inputs, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    x[0, :32] = 0  # a group of zeros: scale 0, no division by it
+    expected = _reference(x, codes)
+    out32 = _run(x, codes, True)
+    assert out32.dtype == torch.float32
+    torch.testing.assert_close(out32, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    out = _run(x, codes, False)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, out32.to(dtype), rtol=0, atol=0)
+
+
+def test_a_row_does_not_depend_on_the_batch():
+    codes = _codes(96, 576, 7)
+    x = torch.randn(7, 576, generator=torch.Generator().manual_seed(7)).bfloat16()
+    batch = _run(x, codes, True)
+    for r in range(x.shape[0]):
+        assert torch.equal(_run(x[r:r + 1], codes, True)[0], batch[r])
+
+
+def test_the_tiles_hold_every_code_once():
+    codes = _codes(32, 128, 3)
+    tiles, scales, mins = codes.int8_tiles()
+    assert tiles.shape == (2, 4, 4, 64) and scales.shape == mins.shape == (2, 4, 16)
+    # byte b of vector t: output b // 4, input 4t + b % 4 (low nibble) and 4(t + 4) + b % 4 (high)
+    low, high = (tiles & 0x0F).view(2, 4, 4, 16, 4), (tiles >> 4).view(2, 4, 4, 16, 4)
+    per_quad = torch.cat((low, high), dim=2)  # [tile, group, quad, output, 4]
+    q = per_quad.permute(0, 3, 1, 2, 4).reshape(32, 128)
+    assert torch.equal(q, codes._q4_values().view(32, 128))
+    assert torch.equal(scales.transpose(1, 2).reshape(32, 4), codes.scales)
+    assert torch.equal(mins.transpose(1, 2).reshape(32, 4), codes.mins)
+
+
+def test_bad_shapes_are_refused():
+    tiles, scales, mins = _codes(16, 64, 1).int8_tiles()
+    with pytest.raises(RuntimeError, match="in/32"):
+        native.quant_linear(torch.randn(2, 96), tiles, scales, mins, "q4_1_int8", False)
+    with pytest.raises(RuntimeError, match="float16"):
+        native.quant_linear(torch.randn(2, 64), tiles, scales.float(), mins, "q4_1_int8", False)
+    with pytest.raises(AssertionError):
+        _codes(24, 64, 1).int8_tiles()  # outputs not a multiple of 16
