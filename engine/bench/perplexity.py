@@ -14,6 +14,8 @@ Formats:
               the dense weights above the crossover)
   gguf-int8   the default's batch path: every row as int8 activations (per group of 32) x the
               codes re-quantized to int8 per output channel (a step above the codes' crossover)
+  gguf-q4-int8  --batch-linear int8 below the crossover: the Q4_1 codes against int8
+              activations at every row, the Q8_0 LM head on its exact codes
   gguf-f32    the same codes with float32 activations
   dense-bf16  --quantization none: the weights rounded to bfloat16
   dense-int8  --quantization int8: the dense weights as int8 per output channel x int8 activations
@@ -39,6 +41,7 @@ TEXT = Path(__file__).with_name("data") / "perplexity.txt"
 FORMATS = {  # name -> (--quantization, --dtype)
     "gguf-bf16": ("gguf", "bfloat16"),
     "gguf-int8": ("gguf", "bfloat16"),
+    "gguf-q4-int8": ("gguf", "bfloat16"),
     "gguf-f32": ("gguf", "float32"),
     "dense-bf16": ("none", "bfloat16"),
     "dense-int8": ("int8", "bfloat16"),
@@ -50,11 +53,14 @@ def build_engine(fmt: str, window: int) -> LLMEngine:
     quantization, dtype = FORMATS[fmt]
     engine = LLMEngine(EngineConfig(device="cpu", kv_cache_memory=64 << 20, max_model_len=max(window, 64),
                                     max_num_batched_tokens=max(window, 64), quantization=quantization, dtype=dtype,
-                                    batch_linear="int8" if fmt == "gguf-int8" else "auto"))
+                                    batch_linear="int8" if fmt in ("gguf-int8", "gguf-q4-int8") else "auto"))
     for module in engine.model.modules():
         method = getattr(module, "method", None)
         if isinstance(method, GroupQuantizedMethod):
-            method.max_rows = 0 if fmt == "gguf-int8" else 1 << 30  # every row through int8 / the codes
+            # every row through: the int8 batch method; the codes against int8 activations (the
+            # Q8_0 LM head has no such path: its exact codes); the exact codes
+            method.max_rows = 0 if fmt == "gguf-int8" else 1 << 30
+            method.exact_rows = 0 if fmt == "gguf-q4-int8" else 1 << 30
     return engine
 
 
@@ -100,7 +106,7 @@ def perplexity(fmt: str, window: int = 512) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--formats", default="gguf-bf16,gguf-int8,gguf-f32,dense-bf16,dense-int8,dense-f32")
+    ap.add_argument("--formats", default="gguf-bf16,gguf-int8,gguf-q4-int8,gguf-f32,dense-bf16,dense-int8,dense-f32")
     ap.add_argument("--window", type=int, default=512)
     args = ap.parse_args(argv)
     results = {fmt: perplexity(fmt, args.window) for fmt in args.formats.split(",")}

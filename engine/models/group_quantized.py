@@ -8,8 +8,7 @@ activations x int8 weights through AVX512-VNNI (engine/models/int8_linear.py) wh
 and it measures faster, else oneDNN's packed matmul on the dense weights. With `--batch-linear
 int8`, the Q4_1 codes meet int8 activations as well (q4_int8_linear.cpp: the 4-bit codes straight
 into VPDPBUSD), which leaves a few rows bound by the bytes of the codes instead of by turning
-each code into a bf16; lossy, so not the default (greedy tokens part from bf16's at logit gaps
-up to ~0.5 on the test prompts). The batch method and the
+each code into a bf16; lossy, so not the default. The batch method and the
 crossover are measured once at start-up per distinct shape (`measure_batch_methods`) and logged.
 
 The dense weights are the codes de-quantized (exact in float32) and rounded to the engine's
@@ -34,7 +33,7 @@ from engine.models.linear import Linear, LinearMethod, MergedLinear
 logger = logging.getLogger(__name__)
 
 ShapeKey = tuple[int, int, str]  # (in_features, out_features, codes format)
-Verdict = tuple[int, str]  # (rows up to which the codes run, the batch method's name)
+Verdict = tuple[int, str, str]  # (rows up to which the codes run, the batch method's name, how the codes run)
 
 # Row counts tried for the crossover; a step never needs the codes beyond the last.
 CANDIDATE_ROWS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -47,20 +46,29 @@ class GroupQuantizedMethod(LinearMethod):
     rows above the crossover (`batch`: the dense method or an Int8LinearMethod)."""
 
     def __init__(self, dense: LinearMethod, codes: GroupCodes, native: ModuleType, max_rows: int = 0,
-                 int8_activations: bool = False):
+                 int8_codes: bool = False):
         self.dense, self.native, self.format = dense, native, codes.format
         self.batch: LinearMethod = dense
-        if int8_activations and codes.int8_tiles_ready:  # Q4_1 against int8 activations (VPDPBUSD)
-            self.format = "q4_1_int8"
-            self.codes, self.scales, self.mins = codes.int8_tiles()
-        else:
-            self.codes, self.scales, self.mins = codes.panels()
+        self.codes, self.scales, self.mins = codes.panels()
+        # Q4_1: the same codes in q4_int8_linear.cpp's layout, against int8 activations (or None)
+        self.int8_codes = codes.int8_tiles() if int8_codes and codes.int8_tiles_ready else None
         self.nbytes = codes.nbytes
         self.max_rows = max_rows  # rows up to which the codes run (0: never); set by measure_batch_methods
+        # rows up to which the codes meet the activations as they are; above, int8_codes (if any)
+        self.exact_rows = 1 << 30
 
     @property
     def name(self) -> str:  # type: ignore[override]
         return f"gguf-{self.format}+{self.batch.name}"
+
+    @property
+    def codes_kind(self) -> str:
+        """How the codes run, for the start-up log."""
+        if self.int8_codes is None or self.exact_rows >= self.max_rows:
+            return self.format
+        if self.exact_rows == 0:
+            return f"{self.format} x int8"
+        return f"{self.format} (x int8 above {self.exact_rows} row{'s' if self.exact_rows > 1 else ''})"
 
     def create_weights(self, layer: Linear) -> None:
         self.dense.create_weights(layer)
@@ -81,6 +89,10 @@ class GroupQuantizedMethod(LinearMethod):
         return self.batch.apply(layer, x)
 
     def apply_codes(self, x: torch.Tensor, float32_out: bool = False) -> torch.Tensor:
+        # batch-invariant rows keep the exact codes; int8 codes are batch-independent too, but
+        # the exact ones are what every other engine's invariant rows take
+        if self.int8_codes is not None and x.shape[0] > self.exact_rows and invariant_rows_start() is None:
+            return self.native.quant_linear(x, *self.int8_codes, "q4_1_int8", float32_out)
         return self.native.quant_linear(x, self.codes, self.scales, self.mins, self.format, float32_out)
 
     def float32_logits(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
@@ -99,15 +111,14 @@ class GroupQuantizedMethod(LinearMethod):
         return self.nbytes if rows <= self.max_rows else self.batch.weight_bytes_read(layer, rows, dtype)
 
 
-def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: ModuleType, int8: bool,
-                    int8_codes: bool = False) -> list[str]:
+def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: ModuleType, int8: bool) -> list[str]:
     """Give every linear layer with codes for all its checkpoint matrices a GroupQuantizedMethod,
-    with int8 weights for batches if `int8` (and the kernel and the shape allow), and Q4_1 codes
-    against int8 activations for the rows below the crossover if `int8_codes`; return the names
+    with int8 weights for batches and Q4_1 codes against int8 activations if `int8` (and the
+    kernels and the shape allow; measure_batch_methods keeps the latter for --batch-linear int8
+    only); return the names
     of those left dense. A merged layer stacks its shards' codes in its shard order; a tied LM
     head takes the embedding's."""
     int8 = int8 and native.int8_linear_available()
-    int8_codes = int8_codes and int8
     mapping = getattr(model, "packed_modules_mapping", {})
     tied = getattr(getattr(model, "arch", None), "tie_word_embeddings", False)
     dense_left = []
@@ -132,7 +143,7 @@ def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: Modu
         if not stacked.panel_ready:  # the kernel's panels and steps do not divide this shape
             dense_left.append(name)
             continue
-        method = GroupQuantizedMethod(layer.method, stacked, native, int8_activations=int8_codes)
+        method = GroupQuantizedMethod(layer.method, stacked, native, int8_codes=int8)
         if int8 and int8_shape_ready(layer.output_size, layer.input_size):
             method.batch = Int8LinearMethod(stacked.dequantize(), native)
         layer.method = method
@@ -159,10 +170,20 @@ def measure_batch_methods(model: nn.Module, dtype: torch.dtype, limit: int, choi
                                                                       min(limit, BATCH_PROBE_ROWS), evict)):
             for method in methods:
                 method.batch = method.dense  # the int8 weights, if any, are let go
+                method.int8_codes = None  # and so are the int8 activations
+        # The Q4_1 codes against int8 activations are faster than the exact codes at every row
+        # count, but only --batch-linear int8 takes them: below the crossover the default keeps
+        # the activations as they are (with int8 ones, greedy tokens of a few rows part from the
+        # bf16 path's at logit gaps up to ~0.6 on the test prompts, not only at near-ties).
+        for method in methods:
+            if choice == "int8":
+                method.exact_rows = 0
+            else:
+                method.int8_codes = None
         max_rows = _crossover(methods, layers, dtype, limit, evict)
         for method in methods:
             method.max_rows = max_rows
-        verdicts[key] = (max_rows, methods[0].batch.name)
+        verdicts[key] = (max_rows, methods[0].batch.name, methods[0].codes_kind)
     return verdicts
 
 
@@ -179,10 +200,9 @@ def _crossover(methods: list[GroupQuantizedMethod], layers: list[Linear], dtype:
     if methods[0].batch is methods[0].dense:
         best, tried = 0, CANDIDATE_ROWS
     else:
-        # A lone row always takes the codes: decode at batch 1 on the shipped weights exactly (with
-        # --batch-linear int8, against int8 activations). The int8 method's kernel can beat the
-        # codes' at one row on a matrix that partly stays in the caches, but it rounds the weights
-        # too.
+        # A lone row always takes the codes: decode at batch 1 on the shipped weights exactly. (The
+        # int8 method's kernel can beat the bf16 codes' at one row on a matrix that partly stays
+        # in the caches, but it rounds the weights too.)
         best, tried = 1, CANDIDATE_ROWS[1:]
     for rows in (r for r in tried if r <= limit):
         x = _probe_input(layers, dtype, rows)
@@ -218,5 +238,5 @@ def _cold_seconds(calls: list[Callable[[], object]], evict: torch.Tensor, rounds
 
 
 def describe_batch_methods(verdicts: dict[ShapeKey, Verdict]) -> str:
-    return ", ".join(f"{k}x{n} {fmt} up to {rows} rows, then {batch}"
-                     for (k, n, fmt), (rows, batch) in sorted(verdicts.items())) or "none"
+    return ", ".join(f"{k}x{n} {kind} up to {rows} rows, then {batch}"
+                     for (k, n, _), (rows, batch, kind) in sorted(verdicts.items())) or "none"

@@ -36,8 +36,12 @@ class NativeDecodeLayers:
         # rows up to which every layer runs its codes (the measured crossovers, set before this)
         self.max_rows = min(m.max_rows for m in methods)
         self.kv_caches = kv_caches
+        none = torch.empty(0, dtype=torch.uint8)
+        int8 = [m.int8_codes or (none, none, none) for m in methods]
         self.impl = native.DecodeLayers(norms, [m.codes for m in methods], [m.scales for m in methods],
                                         [m.mins for m in methods], [m.format for m in methods],
+                                        [c for c, _, _ in int8], [s for _, s, _ in int8], [n for _, _, n in int8],
+                                        [min(m.exact_rows, 1 << 30) for m in methods],
                                         [k for k, _ in kv_caches], [v for _, v in kv_caches], arch.num_heads,
                                         arch.num_kv_heads, arch.head_dim, arch.rms_norm_eps, arch.head_dim ** -0.5)
 

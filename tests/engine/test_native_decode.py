@@ -41,9 +41,9 @@ def llm(request):
               enable_prefix_caching=False, batch_linear=request.param)
     model = llm.engine.model
     assert model.native_layers is not None, "the default model's layers should run as one native call"
-    formats = {module.method.format for module in model.modules()
-               if isinstance(getattr(module, "method", None), GroupQuantizedMethod)}
-    assert ("q4_1_int8" in formats) == (request.param == "int8"), formats
+    methods = [m.method for m in model.modules() if isinstance(getattr(m, "method", None), GroupQuantizedMethod)]
+    q4 = [m for m in methods if m.format == "q4_1"]
+    assert q4 and all((m.int8_codes is not None and m.exact_rows == 0) == (request.param == "int8") for m in q4)
     for module in model.modules():
         if isinstance(getattr(module, "method", None), GroupQuantizedMethod):
             module.method.max_rows = MAX_ROWS

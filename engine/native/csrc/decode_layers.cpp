@@ -11,7 +11,9 @@
 
 DecodeLayers::DecodeLayers(std::vector<at::Tensor> norm_weights, const std::vector<at::Tensor>& codes,
                            const std::vector<at::Tensor>& scales, const std::vector<at::Tensor>& mins,
-                           const std::vector<std::string>& formats, std::vector<at::Tensor> k_caches,
+                           const std::vector<std::string>& formats, const std::vector<at::Tensor>& int8_codes,
+                           const std::vector<at::Tensor>& int8_scales, const std::vector<at::Tensor>& int8_mins,
+                           const std::vector<int64_t>& exact_rows, std::vector<at::Tensor> k_caches,
                            std::vector<at::Tensor> v_caches, int64_t heads, int64_t kv_heads, int64_t head_dim,
                            double eps, double scale)
     : norm_weights_(std::move(norm_weights)),
@@ -27,11 +29,19 @@ DecodeLayers::DecodeLayers(std::vector<at::Tensor> norm_weights, const std::vect
   TORCH_CHECK(codes.size() == 4 * layers && scales.size() == codes.size() && mins.size() == codes.size() &&
                   formats.size() == codes.size(),
               "four linears per layer");
-  for (size_t i = 0; i < codes.size(); ++i) linears_.push_back({codes[i], scales[i], mins[i], formats[i]});
+  TORCH_CHECK(int8_codes.size() == codes.size() && int8_scales.size() == codes.size() &&
+                  int8_mins.size() == codes.size() && exact_rows.size() == codes.size(),
+              "int8 codes and exact_rows for every linear");
+  for (size_t i = 0; i < codes.size(); ++i)
+    linears_.push_back({codes[i], scales[i], mins[i], formats[i], int8_codes[i], int8_scales[i], int8_mins[i],
+                        exact_rows[i]});
 }
 
 namespace {
+// as GroupQuantizedMethod.apply_codes chooses (the one call takes no batch-invariant rows)
 at::Tensor apply(const CodesLinear& w, const at::Tensor& x) {
+  if (x.size(0) > w.exact_rows && w.int8_codes.numel() > 0)
+    return quant_linear(x, w.int8_codes, w.int8_scales, w.int8_mins, "q4_1_int8", false);
   return quant_linear(x, w.codes, w.scales, w.mins, w.format, false);
 }
 }  // namespace

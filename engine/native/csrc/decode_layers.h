@@ -7,19 +7,26 @@
 #include <tuple>
 #include <vector>
 
-// One linear layer on GGUF codes in quant_linear's panel layout.
+// One linear layer on GGUF codes in quant_linear's panel layout, and for steps of more than
+// exact_rows rows the same Q4_1 codes against int8 activations (q4_int8_linear.cpp's layout;
+// undefined tensors where the layer has none).
 struct CodesLinear {
   at::Tensor codes, scales, mins;
   std::string format;
+  at::Tensor int8_codes, int8_scales, int8_mins;
+  int64_t exact_rows;
 };
 
 class DecodeLayers {
  public:
   // Per layer, in order: input norm weight, q/k/v, o, post-attention norm weight, gate/up, down;
-  // the linears' codes, scales, mins and formats as four lists of 4 * layers; the caches per layer.
+  // the linears' codes, scales, mins and formats as four lists of 4 * layers, then their int8
+  // codes (three lists, empty tensors where none) and exact_rows; the caches per layer.
   DecodeLayers(std::vector<at::Tensor> norm_weights, const std::vector<at::Tensor>& codes,
                const std::vector<at::Tensor>& scales, const std::vector<at::Tensor>& mins,
-               const std::vector<std::string>& formats, std::vector<at::Tensor> k_caches,
+               const std::vector<std::string>& formats, const std::vector<at::Tensor>& int8_codes,
+               const std::vector<at::Tensor>& int8_scales, const std::vector<at::Tensor>& int8_mins,
+               const std::vector<int64_t>& exact_rows, std::vector<at::Tensor> k_caches,
                std::vector<at::Tensor> v_caches, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
                double scale);
 
