@@ -21,8 +21,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
-COLUMNS = [("output_tps", "tok/s", "{:.1f}"), ("decode_tps", "decode tok/s", "{:.1f}"), ("host_ms", "host ms/step", "{:.2f}"),
-           ("forward_ms", "forward ms/step", "{:.1f}"), ("sample_ms", "sample ms/step", "{:.2f}")]
+COLUMNS = [("output_tps", "tok/s", "{:.1f}"), ("decode_tps", "decode tok/s", "{:.1f}"),
+           ("host_ms", "host ms/step", "{:.2f}"), ("forward_ms", "forward ms/step", "{:.1f}"),
+           ("sample_ms", "sample ms/step", "{:.2f}")]
 
 
 def run_once(tree: Path, args: argparse.Namespace, out: Path) -> dict:

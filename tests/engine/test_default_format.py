@@ -36,7 +36,7 @@ def test_perplexity_of_the_codes_is_within_one_percent():
 @pytest.mark.skipif(kernels() is None or not kernels().int8_linear_available(), reason="no AVX512-VNNI")
 def test_perplexity_of_the_int8_paths_is_within_one_percent():
     dense, exact = perplexity("dense-bf16"), perplexity("dense-f32")
-    for fmt in ("gguf-int8", "dense-int8"):  # the default's batch path; --quantization int8
+    for fmt in ("gguf-int8", "gguf-q4-int8", "dense-int8"):  # the batch path; --batch-linear int8; --quantization int8
         int8 = perplexity(fmt)
         print(f"perplexity: {fmt} {int8:.4f}, dense-bf16 {dense:.4f}, dense-f32 {exact:.4f}")
         assert abs(int8 / dense - 1) < 0.01 and abs(int8 / exact - 1) < 0.01
