@@ -14,6 +14,7 @@ subfolder per sampling mode. Peers:
                  from --llama-server, $LLAMA_SERVER, or the default path of
                  deploy/build-llama-server.sh (which builds it in about 12 minutes; `make bench`
                  runs it first). Left out, with a line saying so, when no binary is found.
+  ours-int8      our server again with --batch-linear int8 (int8 activations at every row count)
 
 Sampling modes: greedy (temperature 0) and sampled (temperature 0.8, top_p 0.95).
 """
@@ -41,8 +42,16 @@ def llama_server_binary(given: str | None) -> Path | None:
     return None
 
 
+def _ours(name: str, port: int, args, out: Path, *extra: str) -> ManagedServer:
+    return ManagedServer(name, [sys.executable, "-m", "server", "--port", str(port), "--dtype", args.dtype,
+                                "--device", "cpu", "--max-model-len", "4096", "--max-num-seqs", "64",
+                                "--served-model-name", "smollm2", *extra], port, out)
+
+
 def _peer(name: str, args, model_dir: Path, out: Path) -> ManagedServer | None:
     port = free_port()
+    if name == "ours-int8":  # our server again, with --batch-linear int8 (int8 activations at every row)
+        return _ours(name, port, args, out, "--batch-linear", "int8")
     if name == "transformers":
         transformers_cli = str(Path(sys.executable).parent / "transformers")  # the console script beside python
         return ManagedServer("transformers", [transformers_cli, "serve", str(model_dir), "--continuous-batching",
@@ -61,7 +70,7 @@ def _peer(name: str, args, model_dir: Path, out: Path) -> ManagedServer | None:
                                               "--port", str(port), "-c", str(slots * LLAMA_CONTEXT_PER_SLOT),
                                               "-np", str(slots), "-t", str(os.cpu_count() or 1), "--jinja"],
                              port, out)
-    raise ValueError(f"unknown peer {name!r}: transformers or llama-server")
+    raise ValueError(f"unknown peer {name!r}: transformers, llama-server or ours-int8")
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m loadtest.bench_servers") -> int:
@@ -88,9 +97,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtest.bench_se
     model_dir = ensure_default_model()
     out = Path(args.output_dir or f"results/bench-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     ours_port = free_port()
-    servers = [ManagedServer("ours", [sys.executable, "-m", "server", "--port", str(ours_port), "--dtype", args.dtype,
-                                      "--device", "cpu", "--max-model-len", "4096", "--max-num-seqs", "64",
-                                      "--served-model-name", "smollm2"], ours_port, out)]
+    servers = [_ours("ours", ours_port, args, out)]
     try:
         servers += [s for s in (_peer(p, args, model_dir, out) for p in args.peers.split(",") if p) if s is not None]
         for server in servers:
