@@ -44,4 +44,29 @@ void quantize_rows(const In* x, int64_t M, int64_t K, Activations& a) {
 }
 #endif
 
+// The checks every int8 kernel makes of its input: x [rows, in_features], float32 or bfloat16,
+// in_features a multiple of 32.
+inline void check_int8_input(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "x: float32 or bfloat16 [rows, in_features]");
+  TORCH_CHECK(x.size(1) % kActivationGroup == 0, "in_features must be a multiple of 32");
+}
+
+// out [rows, n] for x, float32 if float32_out (or x is float32), else x's dtype, filled by
+// run(x's data, out's data) with the two element types
+template <typename Run>
+at::Tensor run_int8_kernel(const at::Tensor& x, int64_t n, bool float32_out, Run run) {
+  const auto out_dtype = float32_out ? at::kFloat : x.scalar_type();
+  at::Tensor out = at::empty({x.size(0), n}, x.options().dtype(out_dtype));
+  const at::Tensor xc = x.contiguous();
+  if (x.scalar_type() == at::kFloat) {
+    run(xc.data_ptr<float>(), out.data_ptr<float>());  // float32 out either way
+  } else if (float32_out) {
+    run(xc.data_ptr<at::BFloat16>(), out.data_ptr<float>());
+  } else {
+    run(xc.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>());
+  }
+  return out;
+}
+
 }  // namespace llm_serve

@@ -122,29 +122,17 @@ bool int8_linear_available() {
 // w_scale float32 [N]. out [M, N]: float32 if float32_out, else x's dtype.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& w_scale, bool float32_out) {
   TORCH_CHECK(int8_linear_available(), "int8_linear needs AVX512-VNNI");
-  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              "x: float32 or bfloat16 [rows, in_features]");
+  llm_serve::check_int8_input(x);
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(K % kGroup == 0, "in_features must be a multiple of 32");
   TORCH_CHECK(weights.is_contiguous() && weights.scalar_type() == at::kByte && weights.dim() == 4 &&
                   weights.size(1) == K / kQuad && weights.size(2) == kVector && weights.size(3) == kQuad,
               "weights: uint8 [out/16, in/4, 16, 4], contiguous");
   const int64_t N = weights.size(0) * kVector;
   TORCH_CHECK(w_scale.is_contiguous() && w_scale.scalar_type() == at::kFloat && w_scale.numel() == N,
               "w_scale: float32 [out], contiguous");
-  const auto out_dtype = float32_out ? at::kFloat : x.scalar_type();
-  at::Tensor out = at::empty({M, N}, x.options().dtype(out_dtype));
+  return llm_serve::run_int8_kernel(x, N, float32_out, [&](const auto* xp, auto* out) {
 #if defined(__AVX512VNNI__)
-  const at::Tensor xc = x.contiguous();
-  const auto* w = weights.data_ptr<uint8_t>();
-  const float* s = w_scale.data_ptr<float>();
-  if (x.scalar_type() == at::kFloat) {
-    run(xc.data_ptr<float>(), w, s, M, K, N, out.data_ptr<float>());  // float32 out either way
-  } else if (float32_out) {
-    run(xc.data_ptr<at::BFloat16>(), w, s, M, K, N, out.data_ptr<float>());
-  } else {
-    run(xc.data_ptr<at::BFloat16>(), w, s, M, K, N, out.data_ptr<at::BFloat16>());
-  }
+    run(xp, weights.data_ptr<uint8_t>(), w_scale.data_ptr<float>(), M, K, N, out);
 #endif
-  return out;
+  });
 }

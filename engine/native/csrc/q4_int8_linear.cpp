@@ -101,10 +101,8 @@ void run(const In* x, const uint8_t* codes, const at::Half* scales, const at::Ha
 at::Tensor q4_int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                           const at::Tensor& mins, bool float32_out) {
   TORCH_CHECK(int8_linear_available(), "q4_int8_linear needs AVX512-VNNI");
-  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              "x: float32 or bfloat16 [rows, in_features]");
+  llm_serve::check_int8_input(x);
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(K % kGroup == 0, "in_features must be a multiple of 32");
   TORCH_CHECK(codes.is_contiguous() && codes.scalar_type() == at::kByte && codes.dim() == 4 &&
                   codes.size(1) == K / kGroup && codes.size(2) == 4 && codes.size(3) == 64,
               "codes: uint8 [out/16, in/32, 4, 64], contiguous");
@@ -112,20 +110,9 @@ at::Tensor q4_int8_linear(const at::Tensor& x, const at::Tensor& codes, const at
   for (const at::Tensor* t : {&scales, &mins})
     TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kHalf && t->numel() == N * (K / kGroup),
                 "scales, mins: float16 [out/16, in/32, 16], contiguous");
-  const auto out_dtype = float32_out ? at::kFloat : x.scalar_type();
-  at::Tensor out = at::empty({M, N}, x.options().dtype(out_dtype));
+  return llm_serve::run_int8_kernel(x, N, float32_out, [&](const auto* xp, auto* out) {
 #if defined(__AVX512VNNI__)
-  const at::Tensor xc = x.contiguous();
-  const auto* c = codes.data_ptr<uint8_t>();
-  const at::Half* d = scales.data_ptr<at::Half>();
-  const at::Half* m = mins.data_ptr<at::Half>();
-  if (x.scalar_type() == at::kFloat) {
-    run(xc.data_ptr<float>(), c, d, m, M, K, N, out.data_ptr<float>());  // float32 out either way
-  } else if (float32_out) {
-    run(xc.data_ptr<at::BFloat16>(), c, d, m, M, K, N, out.data_ptr<float>());
-  } else {
-    run(xc.data_ptr<at::BFloat16>(), c, d, m, M, K, N, out.data_ptr<at::BFloat16>());
-  }
+    run(xp, codes.data_ptr<uint8_t>(), scales.data_ptr<at::Half>(), mins.data_ptr<at::Half>(), M, K, N, out);
 #endif
-  return out;
+  });
 }
