@@ -8,7 +8,8 @@ modules, so its result is bitwise theirs.
 
 A step goes this way when every row is a one-query decode row that the backend attends with the
 native kernel and no row asks for batch invariance (`AttentionBackend.native_decode_inputs`),
-the rows are within every layer's codes crossover (above it a layer takes its dense method),
+the rows are within every layer's codes crossover (above it a layer takes its batch method: in
+the call too where every layer's is the int8 kernel, a dense one only through the modules),
 and the step's KV caches are those it was built with; any other step runs the modules. A traced
 step swaps `decode_layers_natively` out (engine/trace/recorder.py), so every module keeps its stop.
 """
@@ -21,6 +22,7 @@ import torch
 
 from engine.attention.forward_context import get_forward_context
 from engine.models.group_quantized import GroupQuantizedMethod
+from engine.models.int8_linear import Int8LinearMethod
 
 
 class NativeDecodeLayers:
@@ -33,15 +35,21 @@ class NativeDecodeLayers:
             norms += [layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()]
             methods += [layer.self_attn.qkv_proj.method, layer.self_attn.o_proj.method,
                         layer.mlp.gate_up_proj.method, layer.mlp.down_proj.method]
-        # rows up to which every layer runs its codes (the measured crossovers, set before this)
-        self.max_rows = min(m.max_rows for m in methods)
+        # Rows up to which every layer runs its codes (the measured crossovers, set before this);
+        # where every layer's batch method is int8 (a native kernel too), every decode step.
+        batches = [m.batch if isinstance(m.batch, Int8LinearMethod) else None for m in methods]
+        all_int8 = all(b is not None for b in batches)
+        self.max_rows = 1 << 30 if all_int8 else min(m.max_rows for m in methods)
         self.kv_caches = kv_caches
         none = torch.empty(0, dtype=torch.uint8)
         int8 = [m.int8_codes or (none, none, none) for m in methods]
+        batch = [(b.codes, b.scales) if b is not None and all_int8 else (none, none) for b in batches]
         self.impl = native.DecodeLayers(norms, [m.codes for m in methods], [m.scales for m in methods],
                                         [m.mins for m in methods], [m.format for m in methods],
                                         [c for c, _, _ in int8], [s for _, s, _ in int8], [n for _, _, n in int8],
                                         [min(m.exact_rows, 1 << 30) for m in methods],
+                                        [w for w, _ in batch], [sc for _, sc in batch],
+                                        [m.max_rows if all_int8 else 1 << 30 for m in methods],
                                         [k for k, _ in kv_caches], [v for _, v in kv_caches], arch.num_heads,
                                         arch.num_kv_heads, arch.head_dim, arch.rms_norm_eps, arch.head_dim ** -0.5)
 
