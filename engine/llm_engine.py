@@ -101,7 +101,8 @@ class LLMEngine(EngineCore):
         one_call = "the native kernels are off" if native_kernels is None else unsupported_reason(self.model)
         if native_kernels is not None and one_call is None:  # small decode steps: every layer in one native call
             self.model.native_layers = NativeDecodeLayers(self.model, native_kernels, kv_caches)
-            one_call = f"decode steps of up to {self.model.native_layers.max_rows} rows"
+            rows = self.model.native_layers.max_rows
+            one_call = "every decode step" if rows >= 1 << 30 else f"decode steps of up to {rows} rows"
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
                               self.eos_token_ids, config.speculative_config,
