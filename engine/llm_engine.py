@@ -30,7 +30,7 @@ from engine.models.linear import LinearMethod, probe_batch_invariance, weight_by
 from engine.models.layers import RMSNorm
 from engine.models.llama import MLP
 from engine.models.loader import load_model
-from engine.models.native_decode import NativeDecodeLayers, unsupported_reason
+from engine.models.native_decode import EVERY_STEP, NativeDecodeLayers, unsupported_reason
 from engine.native import kernels
 from engine.platform import Platform
 from engine.roofline.cost_model import RooflineModel
@@ -102,7 +102,7 @@ class LLMEngine(EngineCore):
         if native_kernels is not None and one_call is None:  # small decode steps: every layer in one native call
             self.model.native_layers = NativeDecodeLayers(self.model, native_kernels, kv_caches)
             rows = self.model.native_layers.max_rows
-            one_call = "every decode step" if rows >= 1 << 30 else f"decode steps of up to {rows} rows"
+            one_call = "every decode step" if rows == EVERY_STEP else f"decode steps of up to {rows} rows"
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
                               self.eos_token_ids, config.speculative_config,
@@ -156,7 +156,7 @@ class LLMEngine(EngineCore):
         if batch_linear == "auto" and self.dtype != torch.bfloat16:
             batch_linear = "dense"
         dense_left = use_group_codes(self.model, read_group_codes(gguf_path, arch.num_heads, arch.num_kv_heads), native,
-                                     int8=batch_linear != "dense")
+                                     int8=batch_linear != "dense", int8_codes=batch_linear == "int8")
         verdicts = measure_batch_methods(self.model, self.dtype, config.max_num_seqs, batch_linear)
         logger.info("linear layers on the codes of %s: %s; dense: %s", gguf_path.name, describe_batch_methods(verdicts),
                     ", ".join(dense_left) or "none")

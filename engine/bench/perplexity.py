@@ -57,10 +57,9 @@ def build_engine(fmt: str, window: int) -> LLMEngine:
     for module in engine.model.modules():
         method = getattr(module, "method", None)
         if isinstance(method, GroupQuantizedMethod):
-            # every row through: the int8 batch method; the codes against int8 activations (the
-            # Q8_0 LM head has no such path: its exact codes); the exact codes
+            # every row through the int8 batch method, else through the codes (gguf-q4-int8: against
+            # int8 activations, but the Q8_0 LM head on its exact codes: it has no such path)
             method.max_rows = 0 if fmt == "gguf-int8" else 1 << 30
-            method.exact_rows = 0 if fmt == "gguf-q4-int8" else 1 << 30
     return engine
 
 

@@ -50,12 +50,11 @@ class GroupQuantizedMethod(LinearMethod):
         self.dense, self.native, self.format = dense, native, codes.format
         self.batch: LinearMethod = dense
         self.codes, self.scales, self.mins = codes.panels()
-        # Q4_1: the same codes in q4_int8_linear.cpp's layout, against int8 activations (or None)
+        # Q4_1 with --batch-linear int8: the same codes in q4_int8_linear.cpp's layout, which the
+        # codes' rows then take against int8 activations (None: the codes above, exactly)
         self.int8_codes = codes.int8_tiles() if int8_codes and codes.int8_tiles_ready else None
         self.nbytes = codes.nbytes
         self.max_rows = max_rows  # rows up to which the codes run (0: never); set by measure_batch_methods
-        # rows up to which the codes meet the activations as they are; above, int8_codes (if any)
-        self.exact_rows = 1 << 30
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -64,11 +63,7 @@ class GroupQuantizedMethod(LinearMethod):
     @property
     def codes_kind(self) -> str:
         """How the codes run, for the start-up log."""
-        if self.int8_codes is None or self.exact_rows >= self.max_rows:
-            return self.format
-        if self.exact_rows == 0:
-            return f"{self.format} x int8"
-        return f"{self.format} (x int8 above {self.exact_rows} row{'s' if self.exact_rows > 1 else ''})"
+        return self.format if self.int8_codes is None else f"{self.format} x int8"
 
     def create_weights(self, layer: Linear) -> None:
         self.dense.create_weights(layer)
@@ -91,8 +86,8 @@ class GroupQuantizedMethod(LinearMethod):
     def apply_codes(self, x: torch.Tensor, float32_out: bool = False) -> torch.Tensor:
         # batch-invariant rows keep the exact codes; int8 codes are batch-independent too, but
         # the exact ones are what every other engine's invariant rows take
-        if self.int8_codes is not None and x.shape[0] > self.exact_rows and invariant_rows_start() is None:
-            return self.native.quant_linear(x, *self.int8_codes, "q4_1_int8", float32_out)
+        if self.int8_codes is not None and invariant_rows_start() is None:
+            return self.native.q4_int8_linear(x, *self.int8_codes, float32_out)
         return self.native.quant_linear(x, self.codes, self.scales, self.mins, self.format, float32_out)
 
     def float32_logits(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
@@ -111,14 +106,15 @@ class GroupQuantizedMethod(LinearMethod):
         return self.nbytes if rows <= self.max_rows else self.batch.weight_bytes_read(layer, rows, dtype)
 
 
-def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: ModuleType, int8: bool) -> list[str]:
+def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: ModuleType, int8: bool,
+                    int8_codes: bool = False) -> list[str]:
     """Give every linear layer with codes for all its checkpoint matrices a GroupQuantizedMethod,
-    with int8 weights for batches and Q4_1 codes against int8 activations if `int8` (and the
-    kernels and the shape allow; measure_batch_methods keeps the latter for --batch-linear int8
-    only); return the names
-    of those left dense. A merged layer stacks its shards' codes in its shard order; a tied LM
-    head takes the embedding's."""
+    with int8 weights for batches if `int8`, and Q4_1 codes against int8 activations if
+    `int8_codes` too (where the kernels and the shape allow); return the names of those left
+    dense. A merged layer stacks its shards' codes in its shard order; a tied LM head takes the
+    embedding's."""
     int8 = int8 and native.int8_linear_available()
+    int8_codes = int8_codes and int8
     mapping = getattr(model, "packed_modules_mapping", {})
     tied = getattr(getattr(model, "arch", None), "tie_word_embeddings", False)
     dense_left = []
@@ -143,7 +139,7 @@ def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: Modu
         if not stacked.panel_ready:  # the kernel's panels and steps do not divide this shape
             dense_left.append(name)
             continue
-        method = GroupQuantizedMethod(layer.method, stacked, native, int8_codes=int8)
+        method = GroupQuantizedMethod(layer.method, stacked, native, int8_codes=int8_codes)
         if int8 and int8_shape_ready(layer.output_size, layer.input_size):
             method.batch = Int8LinearMethod(stacked.dequantize(), native)
         layer.method = method
@@ -170,16 +166,6 @@ def measure_batch_methods(model: nn.Module, dtype: torch.dtype, limit: int, choi
                                                                       min(limit, BATCH_PROBE_ROWS), evict)):
             for method in methods:
                 method.batch = method.dense  # the int8 weights, if any, are let go
-                method.int8_codes = None  # and so are the int8 activations
-        # The Q4_1 codes against int8 activations are faster than the exact codes at every row
-        # count, but only --batch-linear int8 takes them: below the crossover the default keeps
-        # the activations as they are (with int8 ones, greedy tokens of a few rows part from the
-        # bf16 path's at logit gaps up to ~0.6 on the test prompts, not only at near-ties).
-        for method in methods:
-            if choice == "int8":
-                method.exact_rows = 0
-            else:
-                method.int8_codes = None
         max_rows = _crossover(methods, layers, dtype, limit, evict)
         for method in methods:
             method.max_rows = max_rows

@@ -25,6 +25,9 @@ from engine.models.group_quantized import GroupQuantizedMethod
 from engine.models.int8_linear import Int8LinearMethod
 
 
+EVERY_STEP = 1 << 30  # max_rows when every layer's batch method runs in the call too
+
+
 class NativeDecodeLayers:
     def __init__(self, model: Any, native: ModuleType, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
         why_not = unsupported_reason(model)
@@ -38,18 +41,15 @@ class NativeDecodeLayers:
         # Rows up to which every layer runs its codes (the measured crossovers, set before this);
         # where every layer's batch method is int8 (a native kernel too), every decode step.
         batches = [m.batch if isinstance(m.batch, Int8LinearMethod) else None for m in methods]
-        all_int8 = all(b is not None for b in batches)
-        self.max_rows = 1 << 30 if all_int8 else min(m.max_rows for m in methods)
+        self.max_rows = EVERY_STEP if None not in batches else min(m.max_rows for m in methods)
         self.kv_caches = kv_caches
         none = torch.empty(0, dtype=torch.uint8)
         int8 = [m.int8_codes or (none, none, none) for m in methods]
-        batch = [(b.codes, b.scales) if b is not None and all_int8 else (none, none) for b in batches]
+        batch = [(none, none) if b is None else (b.codes, b.scales) for b in batches]
         self.impl = native.DecodeLayers(norms, [m.codes for m in methods], [m.scales for m in methods],
                                         [m.mins for m in methods], [m.format for m in methods],
                                         [c for c, _, _ in int8], [s for _, s, _ in int8], [n for _, _, n in int8],
-                                        [min(m.exact_rows, 1 << 30) for m in methods],
-                                        [w for w, _ in batch], [sc for _, sc in batch],
-                                        [m.max_rows if all_int8 else 1 << 30 for m in methods],
+                                        [w for w, _ in batch], [sc for _, sc in batch], [m.max_rows for m in methods],
                                         [k for k, _ in kv_caches], [v for _, v in kv_caches], arch.num_heads,
                                         arch.num_kv_heads, arch.head_dim, arch.rms_norm_eps, arch.head_dim ** -0.5)
 

@@ -38,7 +38,7 @@ def _reference(x: torch.Tensor, codes: GroupCodes) -> torch.Tensor:
 
 
 def _run(x: torch.Tensor, codes: GroupCodes, float32_out: bool) -> torch.Tensor:
-    return native.quant_linear(x, *codes.int8_tiles(), "q4_1_int8", float32_out)
+    return native.q4_int8_linear(x, *codes.int8_tiles(), float32_out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -81,8 +81,8 @@ def test_the_tiles_hold_every_code_once():
 def test_bad_shapes_are_refused():
     tiles, scales, mins = _codes(16, 64, 1).int8_tiles()
     with pytest.raises(RuntimeError, match="in/32"):
-        native.quant_linear(torch.randn(2, 96), tiles, scales, mins, "q4_1_int8", False)
+        native.q4_int8_linear(torch.randn(2, 96), tiles, scales, mins, False)
     with pytest.raises(RuntimeError, match="float16"):
-        native.quant_linear(torch.randn(2, 64), tiles, scales.float(), mins, "q4_1_int8", False)
+        native.q4_int8_linear(torch.randn(2, 64), tiles, scales.float(), mins, False)
     with pytest.raises(AssertionError):
         _codes(24, 64, 1).int8_tiles()  # outputs not a multiple of 16

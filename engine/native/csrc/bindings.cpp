@@ -22,11 +22,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<DecodeLayers>(m, "DecodeLayers", "a decode step's decoder layers in one call (decode_layers.h)")
       .def(py::init<std::vector<at::Tensor>, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
                     const std::vector<at::Tensor>&, const std::vector<std::string>&, const std::vector<at::Tensor>&,
-                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const std::vector<int64_t>&,
-                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const std::vector<int64_t>&,
+                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<at::Tensor>&, const std::vector<int64_t>&,
                     std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t, int64_t, int64_t, double, double>(),
            py::arg("norm_weights"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("formats"),
-           py::arg("int8_codes"), py::arg("int8_scales"), py::arg("int8_mins"), py::arg("exact_rows"),
+           py::arg("int8_codes"), py::arg("int8_scales"), py::arg("int8_mins"),
            py::arg("batch_weights"), py::arg("batch_scales"), py::arg("codes_rows"),
            py::arg("k_caches"), py::arg("v_caches"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("eps"), py::arg("scale"))

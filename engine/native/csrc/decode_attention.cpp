@@ -177,14 +177,15 @@ inline void for_each_chunk(const int32_t* table, int64_t begin, int64_t end, int
   }
 }
 
+// the cache lines of `bytes` bytes from `row`
+inline void prefetch_row(const void* row, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(static_cast<const char*>(row) + off, _MM_HINT_T0);
+}
+
 // the cache lines of n consecutive K and V rows of `row_bytes` each from `k` and `v`
 inline void prefetch_rows(const void* k, const void* v, int n, int64_t row_bytes) {
-  const char* kb = static_cast<const char*>(k);
-  const char* vb = static_cast<const char*>(v);
-  for (int64_t off = 0; off < n * row_bytes; off += 64) {
-    _mm_prefetch(kb + off, _MM_HINT_T0);
-    _mm_prefetch(vb + off, _MM_HINT_T0);
-  }
+  prefetch_row(k, n * row_bytes);
+  prefetch_row(v, n * row_bytes);
 }
 
 // attend_split for a float32 cache, head_dim = 16 * C (same arguments): K and V rows read as
@@ -234,11 +235,6 @@ void attend_split_f32(const float* q, const float* k_cache, const float* v_cache
 #if defined(__AVX512BF16__)
 // Keys ahead of the one being scored whose K rows are requested from memory first.
 constexpr int kPrefetchKeys = 32;
-
-// the cache lines of one row of `bytes` bytes
-inline void prefetch_row(const void* row, int64_t bytes) {
-  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(static_cast<const char*>(row) + off, _MM_HINT_T0);
-}
 
 // attend_split for a bfloat16 cache, head_dim = 32 * C2 (same arguments), in three passes over
 // the split's keys (at most kSplitKeys), all in VDPBF16PS on the cache's own rows:

@@ -13,7 +13,7 @@ DecodeLayers::DecodeLayers(std::vector<at::Tensor> norm_weights, const std::vect
                            const std::vector<at::Tensor>& scales, const std::vector<at::Tensor>& mins,
                            const std::vector<std::string>& formats, const std::vector<at::Tensor>& int8_codes,
                            const std::vector<at::Tensor>& int8_scales, const std::vector<at::Tensor>& int8_mins,
-                           const std::vector<int64_t>& exact_rows, const std::vector<at::Tensor>& batch_weights,
+                           const std::vector<at::Tensor>& batch_weights,
                            const std::vector<at::Tensor>& batch_scales, const std::vector<int64_t>& codes_rows,
                            std::vector<at::Tensor> k_caches,
                            std::vector<at::Tensor> v_caches, int64_t heads, int64_t kv_heads, int64_t head_dim,
@@ -32,13 +32,12 @@ DecodeLayers::DecodeLayers(std::vector<at::Tensor> norm_weights, const std::vect
                   formats.size() == codes.size(),
               "four linears per layer");
   TORCH_CHECK(int8_codes.size() == codes.size() && int8_scales.size() == codes.size() &&
-                  int8_mins.size() == codes.size() && exact_rows.size() == codes.size() &&
-                  batch_weights.size() == codes.size() && batch_scales.size() == codes.size() &&
-                  codes_rows.size() == codes.size(),
-              "int8 codes, exact_rows, batch weights and codes_rows for every linear");
+                  int8_mins.size() == codes.size() && batch_weights.size() == codes.size() &&
+                  batch_scales.size() == codes.size() && codes_rows.size() == codes.size(),
+              "int8 codes, batch weights and codes_rows for every linear");
   for (size_t i = 0; i < codes.size(); ++i)
     linears_.push_back({codes[i], scales[i], mins[i], formats[i], int8_codes[i], int8_scales[i], int8_mins[i],
-                        exact_rows[i], batch_weights[i], batch_scales[i], codes_rows[i]});
+                        batch_weights[i], batch_scales[i], codes_rows[i]});
 }
 
 namespace {
@@ -46,8 +45,7 @@ namespace {
 // rows, and more rows than codes_rows only where every linear has int8 batch weights)
 at::Tensor apply(const CodesLinear& w, const at::Tensor& x) {
   if (x.size(0) > w.codes_rows) return int8_linear(x, w.batch_weights, w.batch_scale, false);
-  if (x.size(0) > w.exact_rows && w.int8_codes.numel() > 0)
-    return quant_linear(x, w.int8_codes, w.int8_scales, w.int8_mins, "q4_1_int8", false);
+  if (w.int8_codes.numel() > 0) return q4_int8_linear(x, w.int8_codes, w.int8_scales, w.int8_mins, false);
   return quant_linear(x, w.codes, w.scales, w.mins, w.format, false);
 }
 }  // namespace

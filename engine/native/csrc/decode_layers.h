@@ -7,15 +7,15 @@
 #include <tuple>
 #include <vector>
 
-// One linear layer on GGUF codes in quant_linear's panel layout, and for steps of more than
-// exact_rows rows the same Q4_1 codes against int8 activations (q4_int8_linear.cpp's layout;
-// undefined tensors where the layer has none).
+// One linear layer on GGUF codes in quant_linear's panel layout, or (--batch-linear int8) the
+// same Q4_1 codes in q4_int8_linear.cpp's layout against int8 activations; empty int8_codes where
+// the layer has none.
 struct CodesLinear {
   at::Tensor codes, scales, mins;
   std::string format;
   at::Tensor int8_codes, int8_scales, int8_mins;
-  int64_t exact_rows;
-  // for steps of more than codes_rows rows: the int8 batch method's weights (int8_linear.cpp)
+  // for steps of more than codes_rows rows: the int8 batch method's weights (int8_linear.cpp;
+  // empty where the layer's batch method is dense, whose steps NativeDecodeLayers never sends)
   at::Tensor batch_weights, batch_scale;
   int64_t codes_rows;
 };
@@ -24,13 +24,13 @@ class DecodeLayers {
  public:
   // Per layer, in order: input norm weight, q/k/v, o, post-attention norm weight, gate/up, down;
   // the linears' codes, scales, mins and formats as four lists of 4 * layers, then their int8
-  // codes (three lists, empty tensors where none) and exact_rows, their int8 batch weights and
-  // scales (empty where none) and codes_rows; the caches per layer.
+  // codes (three lists, empty tensors where none), their int8 batch weights and scales (empty
+  // where none) and codes_rows; the caches per layer.
   DecodeLayers(std::vector<at::Tensor> norm_weights, const std::vector<at::Tensor>& codes,
                const std::vector<at::Tensor>& scales, const std::vector<at::Tensor>& mins,
                const std::vector<std::string>& formats, const std::vector<at::Tensor>& int8_codes,
                const std::vector<at::Tensor>& int8_scales, const std::vector<at::Tensor>& int8_mins,
-               const std::vector<int64_t>& exact_rows, const std::vector<at::Tensor>& batch_weights,
+               const std::vector<at::Tensor>& batch_weights,
                const std::vector<at::Tensor>& batch_scales, const std::vector<int64_t>& codes_rows,
                std::vector<at::Tensor> k_caches,
                std::vector<at::Tensor> v_caches, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,

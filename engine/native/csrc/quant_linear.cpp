@@ -22,7 +22,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "kernels.h"
 #include "vec16.h"
 
 #include <algorithm>
@@ -246,13 +245,11 @@ void dispatch_input(const at::Tensor& x, int64_t M, int64_t K, const Weights& w,
 
 }  // namespace
 
-// format: "q4_1" or "q8_0" (codes in the panel layout above; mins is ignored for q8_0), or
-// "q4_1_int8": Q4_1 codes in q4_int8_linear.cpp's layout against int8 activations.
+// format: "q4_1" or "q8_0" (codes in the panel layout above); mins is ignored for q8_0.
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                         const std::string& format, bool float32_out) {
-  if (format == "q4_1_int8") return q4_int8_linear(x, codes, scales, mins, float32_out);  // its own layout
   TORCH_CHECK(x.dim() == 2, "x: [rows, in_features]");
-  TORCH_CHECK(format == "q4_1" || format == "q8_0", "format: q4_1, q8_0 or q4_1_int8");
+  TORCH_CHECK(format == "q4_1" || format == "q8_0", "format: q4_1 or q8_0");
   const bool q4 = format == "q4_1";
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K % (q4 ? 2 * kGroup : kGroup) == 0, "in_features must be a multiple of 32 (q8_0) or 64 (q4_1)");
