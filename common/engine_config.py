@@ -38,6 +38,10 @@ class EngineConfig:
     max_num_seqs: int = opt(64, "most sequences in one engine step")
     max_num_batched_tokens: int = opt(512, "token budget of one engine step (prefill chunks + decodes)")
     block_size: int = opt(16, "tokens per KV cache block")
+    kv_cache_dtype: str = opt(
+        "auto", "auto: the KV cache in --dtype; int8: each token's K and V row per kv head as int8 codes with "
+                "one float32 scale (about half the bytes of bfloat16 for decode attention to read, and twice the "
+                "tokens in the same memory; lossy; the CPU attention backend only)", choices=("auto", "int8"))
     kv_cache_memory: int | None = opt(
         None, "bytes for the KV cache; default: a fraction of free memory (on CPU at most 4 GiB)")
     gpu_memory_utilization: float = opt(0.9, "fraction of device memory the engine may use (CUDA)")

@@ -18,6 +18,7 @@ from common.default_model import resolve_model_path
 from common.engine_config import EngineConfig
 from common.generation_config import load_eos_token_ids, load_generation_defaults
 from engine.attention import create_backend
+from engine.attention.kv_int8 import describe_kv_dtype, row_width
 from engine.core.block_manager import BlockManager
 from engine.core.engine_core import EngineCore
 from engine.core.scheduler import Scheduler
@@ -77,8 +78,13 @@ class LLMEngine(EngineCore):
         # how batch-invariant rows go through each linear shape (engine/models/batch_invariance.py)
         invariance = probe_batch_invariance(self.model, self.dtype, self.device, config.max_num_batched_tokens,
                                             config.max_num_batched_tokens)
+        # the KV cache's element type: the engine's, or int8 rows with a scale each (kv_int8.py)
+        self.kv_cache_dtype = torch.int8 if config.kv_cache_dtype == "int8" else self.dtype
+        if config.kv_cache_dtype == "int8" and self.device.type != "cpu":
+            raise ValueError("--kv-cache-dtype int8: the CPU's attention backend only")
         backend = create_backend(self.platform.choose_attention_backend(config.attention_backend), arch.num_heads,
-                                 arch.num_kv_heads, arch.head_dim, config.block_size, native_kernels)
+                                 arch.num_kv_heads, arch.head_dim, config.block_size, native_kernels,
+                                 torch.int8 if config.kv_cache_dtype == "int8" else None)
         activation_bytes = 0
         if self.device.type == "cuda" and config.kv_cache_memory is None:  # what the largest step needs, first
             activation_bytes = peak_activation_bytes(self.model, backend, self.dtype, self.device,
@@ -96,7 +102,7 @@ class LLMEngine(EngineCore):
                 module.native = native_kernels  # fused add + RMSNorm, silu-and-mul
         # one block more than the block manager hands out: the padded rows of a captured decode batch
         pad_block = num_blocks
-        kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks + 1), self.dtype,
+        kv_caches = allocate_kv_caches(arch.num_layers, backend.kv_cache_shape(num_blocks + 1), self.kv_cache_dtype,
                                        self.device)
         one_call = "the native kernels are off" if native_kernels is None else unsupported_reason(self.model)
         if native_kernels is not None and one_call is None:  # small decode steps: every layer in one native call
@@ -120,11 +126,12 @@ class LLMEngine(EngineCore):
                 runner.decode_graphs.capture()
             graphs = f"{runner.decode_graphs.describe()} in {time.perf_counter() - start:.1f} s"
         super().__init__(scheduler, runner, arch.vocab_size, max_model_len, config.batch_invariant)
-        element_bytes = self.dtype.itemsize  # the KV cache and activations are in the engine's dtype
+        element_bytes = self.dtype.itemsize  # activations are in the engine's dtype
+        kv_bytes = row_width(arch.head_dim, self.kv_cache_dtype) * self.kv_cache_dtype.itemsize / arch.head_dim
         # weights as a decode step reads them (the codes' where they run; a batch above the
         # crossover reads the dense weights, more than this counts)
         weight_bytes = weight_bytes_per_element(self.model, 1, self.dtype)
-        self.step_observer = StepRoofline(RooflineModel(arch, weight_bytes, element_bytes, element_bytes),
+        self.step_observer = StepRoofline(RooflineModel(arch, weight_bytes, kv_bytes, element_bytes),
                                           self.machine_limits)
         logger.info("model %s on %s", self.model_dir, self.platform.describe(config.max_num_seqs))
         logger.info("native CPU kernels (decode attention, RoPE + KV write, add + RMSNorm, silu-and-mul): %s",
@@ -132,8 +139,8 @@ class LLMEngine(EngineCore):
         logger.info("all layers in one native call: %s", one_call)
         logger.info("batch-invariant rows: %s", describe_invariance(invariance))
         logger.info("decode graphs: %s", graphs)
-        logger.info("KV cache %d blocks x %d = %d tokens, max_model_len %d", num_blocks, config.block_size,
-                    self.num_kv_tokens, max_model_len)
+        logger.info("KV cache %d blocks x %d = %d tokens (%s), max_model_len %d", num_blocks, config.block_size,
+                    self.num_kv_tokens, describe_kv_dtype(self.kv_cache_dtype), max_model_len)
         logger.info("machine limits (roofline metrics): %s", self.machine_limits.describe())
 
     def _use_gguf_codes(self, config: EngineConfig, native: ModuleType | None) -> bool:
@@ -166,5 +173,5 @@ class LLMEngine(EngineCore):
         budget = self.platform.kv_cache_budget(config, activation_bytes)
         # More blocks than every sequence at full length could use is memory for nothing.
         useful = config.max_num_seqs * cdiv(max_model_len, config.block_size)
-        return max(1, min(budget // bytes_per_block(arch, config.block_size, self.dtype), useful))
+        return max(1, min(budget // bytes_per_block(arch, config.block_size, self.kv_cache_dtype), useful))
 

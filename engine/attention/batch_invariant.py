@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.attention.kv_int8 import dequantize_rows
+
 # Rows x blocks gathered at once (K and V of all KV heads): 4096 x 16 keys x 3 heads x 64 dims x
 # 2 bytes x 2 is 50 MB for SmolLM2 in bfloat16.
 MAX_ROW_BLOCKS_PER_GROUP = 4096
@@ -71,7 +73,8 @@ def build_invariant_rows(row_start: int, positions_np: np.ndarray, request_of_ro
 def batch_invariant_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: InvariantRows,
                               scale: float) -> torch.Tensor:
     """q: [rows, heads, head_dim] (the invariant rows, their K/V already in the cache); caches
-    [kv_heads, num_blocks, block_size, head_dim]. Returns [rows, heads, head_dim]."""
+    [kv_heads, num_blocks, block_size, row] (row: head_dim, or head_dim + 4 for int8). Returns
+    [rows, heads, head_dim]."""
     if len(rows.groups) == 1:
         return _attend(q, k_cache, v_cache, rows.block_tables, rows.past_end, rows.tree_levels, scale)
     out = torch.empty_like(q)
@@ -89,8 +92,12 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table
     width = tables.shape[1]
     flat = tables.flatten()
     # [kv_heads * rows * width, block_size, head_dim]: each row's own blocks, one matrix per block
-    keys = k_cache.view(num_kv_heads, total_blocks, -1).index_select(1, flat).view(-1, block_size, head_dim)
-    values = v_cache.view(num_kv_heads, total_blocks, -1).index_select(1, flat).view(-1, block_size, head_dim)
+    # (an int8 cache's rows de-quantized, kv_int8.py)
+    row = k_cache.shape[3]
+    keys = k_cache.view(num_kv_heads, total_blocks, -1).index_select(1, flat).view(-1, block_size, row)
+    values = v_cache.view(num_kv_heads, total_blocks, -1).index_select(1, flat).view(-1, block_size, row)
+    if k_cache.dtype == torch.int8:
+        keys, values = dequantize_rows(keys, q.dtype), dequantize_rows(values, q.dtype)
     # queries grouped under their KV head, once per block: [kv_heads * rows * width, group, head_dim]
     qg = q.view(num_rows, num_kv_heads, group, head_dim).transpose(0, 1).unsqueeze(2)
     qb = qg.expand(num_kv_heads, num_rows, width, group, head_dim).reshape(-1, group, head_dim)

@@ -12,6 +12,10 @@ causal attention when the chunk is the whole sequence, a prepared mask when it f
 tokens. GQA is handled by grouping query heads per KV head, never by copying K/V per query head.
 Requests that ask for batch invariance come last and are attended row by row in fixed key splits
 (`batch_invariant.py`).
+
+With `--kv-cache-dtype int8` the rows are int8 codes with a scale each (`kv_int8.py`): quantized as
+they are written, de-quantized to the model's dtype as they are gathered (the native decode
+kernel de-quantizes in place, a split of keys at a time).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import torch.nn.functional as F
 
 from engine.attention.base import StepInputs
 from engine.attention.batch_invariant import InvariantRows, batch_invariant_attention, build_invariant_rows
+from engine.attention.kv_int8 import dequantize_rows, quantize_rows, row_width
 from engine.utils import cdiv
 
 
@@ -57,16 +62,18 @@ class TorchPagedBackend:
     name = "torch-paged"
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-                 native: ModuleType | None = None):
+                 native: ModuleType | None = None, kv_cache_dtype: torch.dtype | None = None):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.block_size = block_size
+        # the cache's element type: None (the model's dtype) or torch.int8 (kv_int8.py's rows)
+        self.kv_cache_dtype = kv_cache_dtype
         # The native CPU kernels (engine/native; the engine gives them on CPU only, when they
         # build): the one-query batch with K/V read in place (no gather copy, no padding to the
         # longest sequence), and RoPE fused with the KV write.
         self.native = native
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        return (self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
+        return (self.num_kv_heads, num_blocks, self.block_size, row_width(self.head_dim, self.kv_cache_dtype))
 
     def order_requests(self, query_lens: np.ndarray, batch_invariant: np.ndarray | None) -> np.ndarray | None:
         """One-query requests first (stable), so they form one contiguous batch of rows; then the
@@ -181,8 +188,8 @@ class TorchPagedBackend:
             if chunk.mask is None:  # whole sequence in this step: its keys are this step's keys
                 kc, vc = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
             else:
-                kc = gather_blocks(k_cache, chunk.block_ids)[:, : chunk.context_len]
-                vc = gather_blocks(v_cache, chunk.block_ids)[:, : chunk.context_len]
+                kc = gather_blocks(k_cache, chunk.block_ids, q.dtype)[:, : chunk.context_len]
+                vc = gather_blocks(v_cache, chunk.block_ids, q.dtype)[:, : chunk.context_len]
             out[rows] = _chunk_attention(q[rows], kc, vc, chunk.mask, scale)
         if invariant is not None:
             out[invariant.row_start:] = batch_invariant_attention(q[invariant.row_start:], k_cache, v_cache,
@@ -201,8 +208,8 @@ class TorchPagedBackend:
         num_kv_heads = k_cache.shape[0]
         group = num_heads // num_kv_heads
         flat_tables = metadata.single_block_tables.flatten()
-        keys = gather_blocks(k_cache, flat_tables).view(num_kv_heads * num_seqs, -1, head_dim)  # [kvh*seqs, keys, hd]
-        values = gather_blocks(v_cache, flat_tables).view(num_kv_heads * num_seqs, -1, head_dim)
+        keys = gather_blocks(k_cache, flat_tables, q.dtype).view(num_kv_heads * num_seqs, -1, head_dim)  # [kvh*seqs, keys, hd]
+        values = gather_blocks(v_cache, flat_tables, q.dtype).view(num_kv_heads * num_seqs, -1, head_dim)
         # query heads grouped under their KV head: [kv_heads * num_seqs, group, head_dim]
         qg = q.view(num_seqs, num_kv_heads, group, head_dim).transpose(0, 1).reshape(-1, group, head_dim)
         scores = torch.bmm(qg, keys.transpose(1, 2)).float() * scale  # [kvh*seqs, group, keys]
@@ -228,17 +235,22 @@ def batch_parts(inputs: StepInputs) -> tuple[int, int]:
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Store this step's K/V ([num_tokens, kv_heads, head_dim]) at their cache slots."""
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, k.transpose(0, 1))
-    v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, v.transpose(0, 1))
+    """Store this step's K/V ([num_tokens, kv_heads, head_dim]) at their cache slots (an int8
+    cache: quantized first)."""
+    if k_cache.dtype == torch.int8:
+        k, v = quantize_rows(k), quantize_rows(v)
+    num_kv_heads, row = k.shape[1], k.shape[2]
+    k_cache.view(num_kv_heads, -1, row).index_copy_(1, slot_mapping, k.transpose(0, 1))
+    v_cache.view(num_kv_heads, -1, row).index_copy_(1, slot_mapping, v.transpose(0, 1))
 
 
-def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """[kv_heads, num_blocks, block_size, head_dim] -> [kv_heads, len(block_ids) * block_size, head_dim]."""
-    num_kv_heads, num_blocks, block_size, head_dim = cache.shape
-    picked = cache.view(num_kv_heads, num_blocks, block_size * head_dim).index_select(1, block_ids)
-    return picked.view(num_kv_heads, -1, head_dim)
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[kv_heads, num_blocks, block_size, row] -> [kv_heads, len(block_ids) * block_size, head_dim] in
+    `dtype` (an int8 cache's rows de-quantized)."""
+    num_kv_heads, num_blocks, block_size, row = cache.shape
+    picked = cache.view(num_kv_heads, num_blocks, block_size * row).index_select(1, block_ids)
+    picked = picked.view(num_kv_heads, -1, row)
+    return dequantize_rows(picked, dtype) if cache.dtype == torch.int8 else picked
 
 
 def _chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import torch
 
+from engine.attention.kv_int8 import row_width
 from engine.models.config import ModelArch
 
 
 def bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> int:
-    """K and V, every layer, one block."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * arch.num_layers * block_size * arch.num_kv_heads * arch.head_dim * elem
+    """K and V, every layer, one block, in the cache's dtype (torch.int8: kv_int8.py's rows, each
+    with its scale)."""
+    row = row_width(arch.head_dim, dtype) * dtype.itemsize
+    return 2 * arch.num_layers * block_size * arch.num_kv_heads * row
 
 
 def allocate_kv_caches(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype,

@@ -12,9 +12,15 @@
 // With AVX-512 and head_dim 64 or 128, keys go 16 at a time: 16 scores in one vector (a
 // transposing reduction), one vector exp per head, the weighted sum of V in registers; a bf16
 // cache is read by VDPBF16PS directly, one softmax per split (attend_split_bf16).
+//
+// An int8 cache (kv_int8.h: rows of head_dim codes + a float32 scale, [kv_heads, num_blocks,
+// block_size, head_dim + 4]) is read a split at a time: its rows de-quantized into q's dtype in
+// contiguous buffers, exactly as the torch codec does, which the kernel for q's dtype then
+// attends as a cache of its own (attend_int8).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "kv_int8.h"
 #include "vec16.h"
 
 #include <algorithm>
@@ -117,6 +123,11 @@ void attend_split(const T* q, const T* k_cache, const T* v_cache, const int32_t*
   }
 }
 
+// the cache lines of `bytes` bytes from `row`
+inline void prefetch_row(const void* row, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(static_cast<const char*>(row) + off, _MM_HINT_T0);
+}
+
 #if defined(__AVX512F__)
 constexpr int kChunk = 16;  // keys per vector of scores
 
@@ -175,11 +186,6 @@ inline void for_each_chunk(const int32_t* table, int64_t begin, int64_t end, int
     fn(offset(t0), static_cast<int>(t1 - t0));
     t0 = t1;
   }
-}
-
-// the cache lines of `bytes` bytes from `row`
-inline void prefetch_row(const void* row, int64_t bytes) {
-  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(static_cast<const char*>(row) + off, _MM_HINT_T0);
 }
 
 // the cache lines of n consecutive K and V rows of `row_bytes` each from `k` and `v`
@@ -383,7 +389,55 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
                max_out, sum_out);
 }
 
+// Keys ahead of the one being de-quantized whose int8 K and V rows are requested from memory first.
+constexpr int64_t kInt8PrefetchKeys = 16;
+// Keys per block of the de-quantized buffers (within attend's block-size limit).
+constexpr int64_t kBufferBlock = 16;
+
+// attend over an int8 cache (same arguments; head_dim is q's, a cache row is head_dim + 4 bytes):
+// the split's K and V rows de-quantized into per-thread buffers, then attend on those
 template <typename T>
+void attend_int8(const T* q, const int8_t* k_cache, const int8_t* v_cache, const int32_t* table, int64_t begin,
+                 int64_t end, int64_t group, int64_t head_dim, int64_t block_size, int64_t kv_head_stride,
+                 float scale, float* acc, float* max_out, float* sum_out) {
+  thread_local std::vector<T> keys(kSplitKeys * kMaxHeadDim), values(kSplitKeys * kMaxHeadDim);
+  const int64_t n = end - begin, row_bytes = head_dim + llm_serve::kInt8ScaleBytes;
+  const auto row = [&](int64_t t) {  // byte offset of key begin + t's row
+    const int64_t key = begin + t;
+    return kv_head_stride + (static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * row_bytes;
+  };
+  for (int64_t t = 0; t < std::min(n, kInt8PrefetchKeys); ++t) {
+    prefetch_row(k_cache + row(t), row_bytes);
+    prefetch_row(v_cache + row(t), row_bytes);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    if (t + kInt8PrefetchKeys < n) {
+      prefetch_row(k_cache + row(t + kInt8PrefetchKeys), row_bytes);
+      prefetch_row(v_cache + row(t + kInt8PrefetchKeys), row_bytes);
+    }
+    llm_serve::dequantize_int8_row(k_cache + row(t), keys.data() + t * head_dim, head_dim);
+    llm_serve::dequantize_int8_row(v_cache + row(t), values.data() + t * head_dim, head_dim);
+  }
+  static constexpr int32_t kBufferBlocks[kSplitKeys / kBufferBlock] = {0, 1, 2, 3, 4, 5, 6, 7};
+  static_assert(kSplitKeys / kBufferBlock == 8, "one buffer block id per kBufferBlock keys of a split");
+  attend(q, keys.data(), values.data(), kBufferBlocks, 0, n, group, head_dim, kBufferBlock, 0, scale, acc, max_out,
+         sum_out);
+}
+
+// attend for a cache of q's dtype (C = T) or an int8 one (C = int8_t)
+template <typename T, typename C>
+void attend_cached(const T* q, const C* k_cache, const C* v_cache, const int32_t* table, int64_t begin, int64_t end,
+                   int64_t group, int64_t head_dim, int64_t block_size, int64_t kv_head_stride, float scale,
+                   float* acc, float* max_out, float* sum_out) {
+  if constexpr (std::is_same_v<C, int8_t>)
+    attend_int8(q, k_cache, v_cache, table, begin, end, group, head_dim, block_size, kv_head_stride, scale, acc,
+                max_out, sum_out);
+  else
+    attend(q, k_cache, v_cache, table, begin, end, group, head_dim, block_size, kv_head_stride, scale, acc,
+           max_out, sum_out);
+}
+
+template <typename T, typename C>
 void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
                            at::Tensor& out) {
@@ -403,8 +457,8 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
   at::Tensor maxes = at::empty({num_splits, num_kv_heads, group}, opts);
   at::Tensor sums = at::empty({num_splits, num_kv_heads, group}, opts);
   const T* qp = q.data_ptr<T>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
+  const C* kp = k_cache.data_ptr<C>();
+  const C* vp = v_cache.data_ptr<C>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   float* accp = acc.data_ptr<float>();
   float* maxp = maxes.data_ptr<float>();
@@ -417,9 +471,9 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
       const int64_t begin = index_in_seq * kSplitKeys;
       const int64_t end = std::min<int64_t>(lens[seq], begin + kSplitKeys);
       const int64_t slot = split * num_kv_heads + h;
-      attend(qp + (seq * num_heads + h * group) * head_dim, kp, vp, tables + seq * max_blocks, begin, end,
-             group, head_dim, block_size, h * kv_head_stride, static_cast<float>(scale),
-             accp + slot * group * head_dim, maxp + slot * group, sump + slot * group);
+      attend_cached(qp + (seq * num_heads + h * group) * head_dim, kp, vp, tables + seq * max_blocks, begin, end,
+                    group, head_dim, block_size, h * kv_head_stride, static_cast<float>(scale),
+                    accp + slot * group * head_dim, maxp + slot * group, sump + slot * group);
     }
   });
   // merge each sequence's splits in order (in one thread for a few sequences: a parallel region
@@ -458,15 +512,26 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
               "block_tables and seq_lens must be int32");
   TORCH_CHECK(q.size(1) % k_cache.size(0) == 0 && q.size(1) / k_cache.size(0) <= kMaxGroup, "unsupported GQA group");
-  TORCH_CHECK(q.size(2) <= kMaxHeadDim && q.size(2) == k_cache.size(3), "unsupported head_dim");
+  const bool int8_cache = k_cache.scalar_type() == at::kChar;
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && (int8_cache || k_cache.scalar_type() == q.scalar_type()),
+              "caches in q's dtype, or both int8");
+  const int64_t row = q.size(2) + (int8_cache ? llm_serve::kInt8ScaleBytes : 0);  // a cache row's elements
+  TORCH_CHECK(q.size(2) <= kMaxHeadDim && k_cache.size(3) == row,
+              "unsupported head_dim, or cache rows not head_dim (head_dim + 4 for int8)");
   TORCH_CHECK(k_cache.size(2) <= 64, "block_size above 64");
   auto tables = block_tables.contiguous();
   auto lens = seq_lens.contiguous();
   auto out = at::empty_like(q);
   if (q.scalar_type() == at::kBFloat16) {
-    decode_attention_impl<at::BFloat16>(q, k_cache, v_cache, tables, lens, scale, out);
+    if (int8_cache)
+      decode_attention_impl<at::BFloat16, int8_t>(q, k_cache, v_cache, tables, lens, scale, out);
+    else
+      decode_attention_impl<at::BFloat16, at::BFloat16>(q, k_cache, v_cache, tables, lens, scale, out);
   } else if (q.scalar_type() == at::kFloat) {
-    decode_attention_impl<float>(q, k_cache, v_cache, tables, lens, scale, out);
+    if (int8_cache)
+      decode_attention_impl<float, int8_t>(q, k_cache, v_cache, tables, lens, scale, out);
+    else
+      decode_attention_impl<float, float>(q, k_cache, v_cache, tables, lens, scale, out);
   } else {
     TORCH_CHECK(false, "paged_decode_attention: float32 or bfloat16");
   }

@@ -7,12 +7,14 @@
 // Shapes: qk [tokens, heads + kv_heads, head_dim] and v [tokens, kv_heads, head_dim], any row and
 // head strides (views of the fused qkv projection), the last dimension contiguous; cos, sin
 // [tokens, head_dim] contiguous, in qk's dtype; caches [kv_heads, blocks, block_size, head_dim]
-// contiguous; slot_mapping [tokens] int64 (block * block_size + offset). Returns the rotated q
-// [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] (contiguous; k is also what the
-// cache now holds).
+// contiguous in qk's dtype, or int8 [kv_heads, blocks, block_size, head_dim + 4] (kv_int8.h: the
+// rows quantized as they are written); slot_mapping [tokens] int64 (block * block_size + offset).
+// Returns the rotated q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] (contiguous;
+// k is also what a cache in qk's dtype now holds).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "kv_int8.h"
 #include "vec16.h"
 
 #include <cstring>
@@ -43,18 +45,24 @@ void rotate(const T* x, const T* cos, const T* sin, T* out, int64_t head_dim) {
   }
 }
 
+// one K or V row into a cache row of T (a copy) or of int8 (quantized)
 template <typename T>
+inline void store_row(const T* x, T* row, int64_t head_dim) { std::memcpy(row, x, head_dim * sizeof(T)); }
+template <typename T>
+inline void store_row(const T* x, int8_t* row, int64_t head_dim) { llm_serve::quantize_int8_row(x, row, head_dim); }
+
+template <typename T, typename C>
 void rope_write(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos, const at::Tensor& sin,
                 at::Tensor& k_cache, at::Tensor& v_cache, const int64_t* slots, int64_t heads, at::Tensor& q_out,
                 at::Tensor& k_out) {
   const int64_t tokens = qk.size(0), kv_heads = qk.size(1) - heads, head_dim = qk.size(2);
-  const int64_t num_slots = k_cache.size(1) * k_cache.size(2);
+  const int64_t num_slots = k_cache.size(1) * k_cache.size(2), row = k_cache.size(3);
   const T* qkp = qk.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
   const T* cp = cos.data_ptr<T>();
   const T* sp = sin.data_ptr<T>();
-  T* kc = k_cache.data_ptr<T>();
-  T* vc = v_cache.data_ptr<T>();
+  C* kc = k_cache.data_ptr<C>();
+  C* vc = v_cache.data_ptr<C>();
   T* qo = q_out.data_ptr<T>();
   T* ko = k_out.data_ptr<T>();
   at::parallel_for(0, tokens, 16, [&](int64_t lo, int64_t hi) {
@@ -67,9 +75,8 @@ void rope_write(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos
       for (int64_t h = 0; h < kv_heads; ++h) {
         T* k_row = ko + (t * kv_heads + h) * head_dim;
         rotate(qkp + t * qk.stride(0) + (heads + h) * qk.stride(1), c, s, k_row, head_dim);
-        std::memcpy(kc + (h * num_slots + slot) * head_dim, k_row, head_dim * sizeof(T));
-        std::memcpy(vc + (h * num_slots + slot) * head_dim, vp + t * v.stride(0) + h * v.stride(1),
-                    head_dim * sizeof(T));
+        store_row(k_row, kc + (h * num_slots + slot) * row, head_dim);
+        store_row(vp + t * v.stride(0) + h * v.stride(1), vc + (h * num_slots + slot) * row, head_dim);
       }
     }
   });
@@ -88,22 +95,28 @@ std::tuple<at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qk, const at:
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == tokens * head_dim &&
                   sin.numel() == tokens * head_dim,
               "cos, sin: [tokens, head_dim], contiguous");
+  const bool int8_cache = k_cache.scalar_type() == at::kChar;
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 &&
-                  k_cache.sizes() == v_cache.sizes() && k_cache.size(0) == kv_heads && k_cache.size(3) == head_dim,
-              "caches: [kv_heads, blocks, block_size, head_dim], contiguous");
+                  k_cache.sizes() == v_cache.sizes() && k_cache.size(0) == kv_heads &&
+                  k_cache.size(3) == head_dim + (int8_cache ? llm_serve::kInt8ScaleBytes : 0),
+              "caches: [kv_heads, blocks, block_size, head_dim (+ 4 for int8)], contiguous");
   TORCH_CHECK(slot_mapping.is_contiguous() && slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == tokens,
               "slot_mapping: [tokens] int64");
   const auto dtype = qk.scalar_type();
   TORCH_CHECK(v.scalar_type() == dtype && cos.scalar_type() == dtype && sin.scalar_type() == dtype &&
-                  k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype,
-              "qk, v, cos, sin and the caches in one dtype");
+                  v_cache.scalar_type() == k_cache.scalar_type() && (int8_cache || k_cache.scalar_type() == dtype),
+              "qk, v, cos, sin in one dtype, the caches in it too or both int8");
   at::Tensor q_out = at::empty({tokens, heads, head_dim}, qk.options());
   at::Tensor k_out = at::empty({tokens, kv_heads, head_dim}, qk.options());
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  if (dtype == at::kBFloat16)
-    rope_write<at::BFloat16>(qk, v, cos, sin, k_cache, v_cache, slots, heads, q_out, k_out);
+  if (dtype == at::kBFloat16 && int8_cache)
+    rope_write<at::BFloat16, int8_t>(qk, v, cos, sin, k_cache, v_cache, slots, heads, q_out, k_out);
+  else if (dtype == at::kBFloat16)
+    rope_write<at::BFloat16, at::BFloat16>(qk, v, cos, sin, k_cache, v_cache, slots, heads, q_out, k_out);
+  else if (dtype == at::kFloat && int8_cache)
+    rope_write<float, int8_t>(qk, v, cos, sin, k_cache, v_cache, slots, heads, q_out, k_out);
   else if (dtype == at::kFloat)
-    rope_write<float>(qk, v, cos, sin, k_cache, v_cache, slots, heads, q_out, k_out);
+    rope_write<float, float>(qk, v, cos, sin, k_cache, v_cache, slots, heads, q_out, k_out);
   else
     TORCH_CHECK(false, "rope_write_kv: float32 or bfloat16");
   return {q_out, k_out};

@@ -1,0 +1,79 @@
+// The int8 KV cache's rows (--kv-cache-dtype int8), shared by the KV write (rope_kv.cpp) and
+// decode attention (decode_attention.cpp); engine/attention/kv_int8.py is the same codec in torch.
+//
+// One row per (token, kv head): head_dim int8 codes, then the row's float32 scale in the next 4
+// bytes (so a cache is int8 [kv_heads, blocks, block_size, head_dim + 4] and a slot addresses a
+// row as for a bf16 cache):
+//
+//     scale = max |x| / 127     q = round_half_even(x / scale)  (q = 0 where scale = 0)
+//     x' = T(float(q) * scale)  (T the model's dtype: float32, or bfloat16 rounded to nearest even)
+//
+// The same float32 operations as the torch codec, so both write and read identical bytes.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "vec16.h"
+
+namespace llm_serve {
+
+constexpr int64_t kInt8ScaleBytes = 4;
+
+inline float int8_row_scale(const int8_t* row, int64_t head_dim) {
+  float scale;
+  std::memcpy(&scale, row + head_dim, sizeof(scale));
+  return scale;
+}
+
+// x [head_dim] -> row [head_dim + 4]
+template <typename T>
+inline void quantize_int8_row(const T* x, int8_t* row, int64_t head_dim) {
+  float amax = 0.f;
+  for (int64_t d = 0; d < head_dim; ++d) amax = std::max(amax, std::fabs(static_cast<float>(x[d])));
+  const float scale = amax / 127.f;
+  const float divisor = scale == 0.f ? 1.f : scale;
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const float q = std::nearbyint(static_cast<float>(x[d]) / divisor);  // ties to even (the default mode)
+    row[d] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, q)));
+  }
+  std::memcpy(row + head_dim, &scale, sizeof(scale));
+}
+
+// row [head_dim + 4] -> out [head_dim], in T
+template <typename T>
+inline void dequantize_int8_row(const int8_t* row, T* out, int64_t head_dim) {
+  const float scale = int8_row_scale(row, head_dim);
+#if defined(__AVX512BF16__)
+  // 32 at a time, rounded by VCVTNE2PS2BF16: nearest-even as c10::BFloat16 (it also flushes
+  // denormals, which q * scale meets only at scales below 1e-36)
+  if (std::is_same_v<T, at::BFloat16> && head_dim % 32 == 0) {
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int64_t d = 0; d < head_dim; d += 32) {
+      const __m128i* q = reinterpret_cast<const __m128i*>(row + d);
+      const __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), s);
+      const __m512 b = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), s);
+      _mm512_storeu_si512(out + d, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));  // a: 0..15, b: 16..31
+    }
+    return;
+  }
+#endif
+#if defined(__AVX512F__)
+  if (head_dim % 16 == 0) {
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int64_t d = 0; d < head_dim; d += 16) {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d));
+      store16(out + d, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), s));
+    }
+    return;
+  }
+#endif
+  for (int64_t d = 0; d < head_dim; ++d) out[d] = static_cast<T>(static_cast<float>(row[d]) * scale);
+}
+
+}  // namespace llm_serve
