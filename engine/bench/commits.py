@@ -2,12 +2,15 @@
 
     git archive <old-commit> | tar -x -C /tmp/before
     python -m engine.bench.commits --baseline /tmp/before [--rounds 2] [--dtype bfloat16]
+    python -m engine.bench.commits --after-engine kv_cache_dtype=int8   (one checkout, two configurations)
 
 Each round runs `engine/bench/workloads.py` (this checkout's copy, so both sides run the same
 workloads and timing code) once against the baseline checkout and once against this one, each in
 a fresh process; figures are the best of the rounds, and the ratio columns are after / before:
 of tok/s (first request in to last token out, prefills included) and of decode tok/s (the phase
-where every sequence decodes: what a change to the decode step alone moves).
+where every sequence decodes: what a change to the decode step alone moves). Without
+`--baseline` both sides are this checkout; `--before-engine` / `--after-engine KEY=VALUE` give
+either side EngineConfig fields of its own, so an engine flag is measured the same way.
 """
 from __future__ import annotations
 
@@ -26,9 +29,11 @@ COLUMNS = [("output_tps", "tok/s", "{:.1f}"), ("decode_tps", "decode tok/s", "{:
            ("sample_ms", "sample ms/step", "{:.2f}")]
 
 
-def run_once(tree: Path, args: argparse.Namespace, out: Path) -> dict:
+def run_once(tree: Path, args: argparse.Namespace, out: Path, engine_fields: list[str]) -> dict:
     cmd = [sys.executable, str(HERE.with_name("workloads.py")), "--json", str(out), "--dtype", args.dtype,
            "--batch", str(args.batch), "--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len)]
+    for field in engine_fields:
+        cmd += ["--engine", field]
     env = dict(os.environ, PYTHONPATH=str(tree))
     subprocess.run(cmd, cwd=tree, env=env, check=True)
     return json.loads(out.read_text())
@@ -36,20 +41,24 @@ def run_once(tree: Path, args: argparse.Namespace, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline", required=True, type=Path, help="a checkout of the older commit")
+    ap.add_argument("--baseline", type=Path, default=REPO, help="a checkout of the older commit (default: this one)")
+    ap.add_argument("--before-engine", action="append", default=[], metavar="KEY=VALUE",
+                    help="an EngineConfig field for the baseline's runs; repeatable")
+    ap.add_argument("--after-engine", action="append", default=[], metavar="KEY=VALUE",
+                    help="an EngineConfig field for this checkout's runs; repeatable")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     args = ap.parse_args(argv)
-    trees = {"before": args.baseline.resolve(), "after": REPO}
+    trees = {"before": (args.baseline.resolve(), args.before_engine), "after": (REPO, args.after_engine)}
     best: dict[str, dict[str, dict]] = {"before": {}, "after": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for name, tree in trees.items():
-                print(f"round {r + 1}/{args.rounds}: {name} ({tree})", flush=True)
-                for workload, figures in run_once(tree, args, Path(tmp) / f"{name}.json").items():
+            for name, (tree, fields) in trees.items():
+                print(f"round {r + 1}/{args.rounds}: {name} ({tree} {' '.join(fields)})", flush=True)
+                for workload, figures in run_once(tree, args, Path(tmp) / f"{name}.json", fields).items():
                     kept = best[name].get(workload)
                     if kept is None or figures["output_tps"] > kept["output_tps"]:
                         best[name][workload] = figures

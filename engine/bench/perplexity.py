@@ -108,7 +108,12 @@ def window_nll(engine: LLMEngine, ids: list[int], request_id: str, chunk: int | 
 def perplexity(fmt: str, window: int = 512, kv_cache_dtype: str = "auto", chunk: int | None = None,
                max_tokens: int | None = None) -> float:
     """Over the text's first `max_tokens` tokens (None: all of it)."""
-    engine = build_engine(fmt, window, kv_cache_dtype)
+    return engine_perplexity(build_engine(fmt, window, kv_cache_dtype), window, chunk, max_tokens)
+
+
+def engine_perplexity(engine: LLMEngine, window: int = 512, chunk: int | None = None,
+                      max_tokens: int | None = None) -> float:
+    """perplexity() on an engine from build_engine(), which may score the text again."""
     ids = text_token_ids(engine)[:max_tokens]
     total, count = 0.0, 0
     for i, start in enumerate(range(0, len(ids) - 1, window)):

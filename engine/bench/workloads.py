@@ -55,13 +55,29 @@ def sampling_params(output_len: int, sampled: bool, batch_invariant: bool = Fals
 
 
 def build_engine(model: str | None, dtype: str, device: str, batch: int, max_num_batched_tokens: int,
-                 max_model_len: int):
+                 max_model_len: int, **engine_fields):
+    """`engine_fields`: more EngineConfig fields (`--engine KEY=VALUE`)."""
     config_cls = _import("common.engine_config.EngineConfig", "engine.config.EngineConfig")
     from engine.llm_engine import LLMEngine
 
     return LLMEngine(config_cls(model=model, dtype=dtype, device=device, max_num_seqs=batch,
                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                                kv_cache_memory=None))
+                                kv_cache_memory=None, **engine_fields))
+
+
+def engine_field(text: str) -> tuple[str, object]:
+    """KEY=VALUE (an EngineConfig field) -> (key, value as bool, int, float or str)."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    if value.lower() in ("true", "false"):
+        return key, value.lower() == "true"
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    return key, value
 
 
 def random_prompts(rnd: random.Random, vocab_size: int, n: int, length: int) -> list[list[int]]:
@@ -102,10 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--engine", type=engine_field, action="append", default=[], metavar="KEY=VALUE",
+                    help="an EngineConfig field (kv_cache_dtype=int8); repeatable")
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
     engine = build_engine(args.model, args.dtype, args.device, args.batch, args.max_num_batched_tokens,
-                          args.prompt_len + args.output_len + 16)
+                          args.prompt_len + args.output_len + 16, **dict(args.engine))
     rnd = random.Random(0)
     vocab = engine.vocab_size
     one, many = random_prompts(rnd, vocab, 1, args.prompt_len), random_prompts(rnd, vocab, args.batch, args.prompt_len)

@@ -4,12 +4,13 @@ The default model on its codes, greedy with logprobs: decode steps taken by the 
 give bitwise the modules' logprobs (the same kernels in the same order), counted so the test
 knows the call ran; steps it must not take (prefill chunks, more rows than every layer's codes
 crossover unless every batch method is the int8 kernel, a batch-invariant request) leave it
-alone and still give the same tokens. Both with
-the default linears and with `--batch-linear int8` (Q4_1 codes against int8 activations).
+alone and still give the same tokens. With the default linears, with `--batch-linear int8` (Q4_1
+codes against int8 activations), and with the default linears over `--kv-cache-dtype int8`.
 """
 from __future__ import annotations
 
 import pytest
+import torch
 
 from common.messages import SamplingParams
 from engine.llm import LLM
@@ -34,19 +35,24 @@ class CountedCalls:
         return self.impl.forward(*args)
 
 
-@pytest.fixture(scope="module", params=["auto", "int8"])
+@pytest.fixture(scope="module", params=["auto", "int8", "kv-int8"])
 def llm(request):
-    # "int8": the Q4_1 codes against int8 activations (q4_int8_linear.cpp), through the same call
+    # "int8": the Q4_1 codes against int8 activations (q4_int8_linear.cpp), through the same call;
+    # "kv-int8": the default linears, the KV cache as int8 rows (engine/attention/kv_int8.py)
     if request.param == "int8" and not kernels().int8_linear_available():
         pytest.skip("the int8 kernels need AVX512-VNNI")
+    batch_linear = "int8" if request.param == "int8" else "auto"
     # no prefix caching: the second run of a prompt computes its prefill as the first did
     llm = LLM(dtype="bfloat16", device="cpu", kv_cache_memory=64 << 20, max_model_len=512, max_num_seqs=8,
-              enable_prefix_caching=False, batch_linear=request.param)
+              enable_prefix_caching=False, batch_linear=batch_linear,
+              kv_cache_dtype="int8" if request.param == "kv-int8" else "auto")
     model = llm.engine.model
     assert model.native_layers is not None, "the default model's layers should run as one native call"
+    assert all(k.dtype == (torch.int8 if request.param == "kv-int8" else torch.bfloat16)
+               for k, _ in model.native_layers.kv_caches)
     methods = [m.method for m in model.modules() if isinstance(getattr(m, "method", None), GroupQuantizedMethod)]
     q4 = [m for m in methods if m.format == "q4_1"]
-    assert q4 and all((m.int8_codes is not None) == (request.param == "int8") for m in q4)
+    assert q4 and all((m.int8_codes is not None) == (batch_linear == "int8") for m in q4)
     for module in model.modules():
         if isinstance(getattr(module, "method", None), GroupQuantizedMethod):
             module.method.max_rows = MAX_ROWS

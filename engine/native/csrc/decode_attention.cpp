@@ -24,6 +24,7 @@
 #include "vec16.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -391,7 +392,7 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
 
 // Keys ahead of the one being de-quantized whose int8 K and V rows are requested from memory first.
 constexpr int64_t kInt8PrefetchKeys = 16;
-// Keys per block of the de-quantized buffers (within attend's block-size limit).
+// Keys per block of the de-quantized buffers where the cache's blocks do not divide a split.
 constexpr int64_t kBufferBlock = 16;
 
 // attend over an int8 cache (same arguments; head_dim is q's, a cache row is head_dim + 4 bytes):
@@ -418,10 +419,16 @@ void attend_int8(const T* q, const int8_t* k_cache, const int8_t* v_cache, const
     llm_serve::dequantize_int8_row(k_cache + row(t), keys.data() + t * head_dim, head_dim);
     llm_serve::dequantize_int8_row(v_cache + row(t), values.data() + t * head_dim, head_dim);
   }
-  static constexpr int32_t kBufferBlocks[kSplitKeys / kBufferBlock] = {0, 1, 2, 3, 4, 5, 6, 7};
-  static_assert(kSplitKeys / kBufferBlock == 8, "one buffer block id per kBufferBlock keys of a split");
-  attend(q, keys.data(), values.data(), kBufferBlocks, 0, n, group, head_dim, kBufferBlock, 0, scale, acc, max_out,
-         sum_out);
+  // the buffers in blocks of the cache's size where splits start on its blocks, so a kernel
+  // whose sums follow the blocks adds in the same order as over a cache of q's dtype
+  static const auto kBufferBlocks = [] {
+    std::array<int32_t, kSplitKeys> ids{};
+    for (int32_t i = 0; i < static_cast<int32_t>(kSplitKeys); ++i) ids[i] = i;
+    return ids;
+  }();
+  const int64_t buffer_block = kSplitKeys % block_size == 0 ? block_size : kBufferBlock;
+  attend(q, keys.data(), values.data(), kBufferBlocks.data(), 0, n, group, head_dim, buffer_block, 0, scale, acc,
+         max_out, sum_out);
 }
 
 // attend for a cache of q's dtype (C = T) or an int8 one (C = int8_t)
