@@ -20,8 +20,8 @@ import torch
 SCALE_BYTES = 4  # the float32 scale after each row's codes
 
 
-def row_width(head_dim: int, kv_cache_dtype: torch.dtype) -> int:
-    """Elements of one cache row."""
+def row_width(head_dim: int, kv_cache_dtype: torch.dtype | None) -> int:
+    """Elements of one cache row (None: the model's dtype)."""
     return head_dim + SCALE_BYTES if kv_cache_dtype == torch.int8 else head_dim
 
 

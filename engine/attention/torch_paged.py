@@ -208,7 +208,8 @@ class TorchPagedBackend:
         num_kv_heads = k_cache.shape[0]
         group = num_heads // num_kv_heads
         flat_tables = metadata.single_block_tables.flatten()
-        keys = gather_blocks(k_cache, flat_tables, q.dtype).view(num_kv_heads * num_seqs, -1, head_dim)  # [kvh*seqs, keys, hd]
+        # [kv_heads * seqs, keys, head_dim]
+        keys = gather_blocks(k_cache, flat_tables, q.dtype).view(num_kv_heads * num_seqs, -1, head_dim)
         values = gather_blocks(v_cache, flat_tables, q.dtype).view(num_kv_heads * num_seqs, -1, head_dim)
         # query heads grouped under their KV head: [kv_heads * num_seqs, group, head_dim]
         qg = q.view(num_seqs, num_kv_heads, group, head_dim).transpose(0, 1).reshape(-1, group, head_dim)
