@@ -15,6 +15,7 @@ subfolder per sampling mode. Peers:
                  deploy/build-llama-server.sh (which builds it in about 12 minutes; `make bench`
                  runs it first). Left out, with a line saying so, when no binary is found.
   ours-int8      our server again with --batch-linear int8 (int8 activations at every row count)
+  ours-kv-int8   our server again with --kv-cache-dtype int8 (the KV cache as int8 rows)
 
 Sampling modes: greedy (temperature 0) and sampled (temperature 0.8, top_p 0.95).
 """
@@ -52,6 +53,8 @@ def _peer(name: str, args, model_dir: Path, out: Path) -> ManagedServer | None:
     port = free_port()
     if name == "ours-int8":  # our server again, with --batch-linear int8 (int8 activations at every row)
         return _ours(name, port, args, out, "--batch-linear", "int8")
+    if name == "ours-kv-int8":  # our server again, with its KV cache as int8 rows
+        return _ours(name, port, args, out, "--kv-cache-dtype", "int8")
     if name == "transformers":
         transformers_cli = str(Path(sys.executable).parent / "transformers")  # the console script beside python
         return ManagedServer("transformers", [transformers_cli, "serve", str(model_dir), "--continuous-batching",
@@ -70,7 +73,7 @@ def _peer(name: str, args, model_dir: Path, out: Path) -> ManagedServer | None:
                                               "--port", str(port), "-c", str(slots * LLAMA_CONTEXT_PER_SLOT),
                                               "-np", str(slots), "-t", str(os.cpu_count() or 1), "--jinja"],
                              port, out)
-    raise ValueError(f"unknown peer {name!r}: transformers, llama-server or ours-int8")
+    raise ValueError(f"unknown peer {name!r}: transformers, llama-server, ours-int8 or ours-kv-int8")
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m loadtest.bench_servers") -> int:
