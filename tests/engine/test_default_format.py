@@ -4,8 +4,8 @@
   path that batches above the codes' crossover take, within 1 % of the dense bfloat16 path's, and
   of the exact float32 model's; the codes with float32 activations
   within 0.01 % of the float32 model (the same weights, other sums).
-- Greedy tokens on the real-model test prompts: the codes equal the dense bfloat16 path's, or
-  where they part, the exact float32 model (transformers, on the shared prefix) puts the two
+- Greedy tokens on the real-model test prompts, every decode row on the codes: they equal the
+  exact float32 model's (transformers), or where they part, the exact model puts the two
   candidates within a near-tie: their logit gap is below 0.15 (bf16 activations round a logit of
   ~20 by ~0.08), and the test prints each flip with its gap.
 """
@@ -19,11 +19,13 @@ from transformers import AutoModelForCausalLM
 from common.messages import SamplingParams
 from engine.bench.perplexity import perplexity
 from engine.llm import LLM
+from engine.models.group_quantized import GroupQuantizedMethod
 from engine.native import kernels
 
 pytestmark = pytest.mark.skipif(kernels() is None, reason="the native CPU kernels could not be built here")
 
 NEAR_TIE = 0.15
+CODES_ROWS = 8  # decode rows that run on the codes in the greedy test (every row of its batch)
 
 
 def test_perplexity_of_the_codes_is_within_one_percent():
@@ -52,28 +54,41 @@ def _greedy(llm: LLM, prompts: list[str]) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
 
-def test_greedy_tokens_equal_the_bf16_path_or_part_at_a_near_tie():
-    # the codes up to the crossover, then the batch method (int8 where VNNI measures faster): the
-    # five prompts run as one batch. (--quantization int8, lossy and opt-in, is held to its
+def test_greedy_tokens_equal_the_exact_model_or_part_at_a_near_tie():
+    # Every decode row on the codes: the crossover is pinned above the batch's five rows (the one
+    # timed at start-up varies between machines and starts, and above it the rows would take the
+    # batch method, which the perplexity tests above hold). The prompts' prefill takes the batch
+    # method. Against the exact model (transformers in float32, EOS banned for 32 tokens as
+    # min_tokens does), not against the dense bf16 path: both run bf16 activations, which move a
+    # logit by up to ~0.3 here, so two bf16 paths can part from each other after both parted from
+    # the exact model at a near-tie. (--quantization int8, lossy and opt-in, is held to its
     # perplexity instead: its greedy tokens part from bf16's at gaps up to ~0.5.)
     llm = _llm("gguf")
+    for module in llm.engine.model.modules():
+        if isinstance(getattr(module, "method", None), GroupQuantizedMethod):
+            module.method.max_rows = CODES_ROWS
     tok = llm.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
                for q in QUESTIONS]
+    assert len(prompts) <= CODES_ROWS
     codes = _greedy(llm, prompts)
-    dense = _greedy(_llm("none"), prompts)
     hf = AutoModelForCausalLM.from_pretrained(str(llm.engine.model_dir), dtype=torch.float32).eval()
     equal = 0
-    for prompt, ours, theirs in zip(prompts, codes, dense, strict=True):
-        if ours == theirs:
+    for prompt, ours in zip(prompts, codes, strict=True):
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            exact = hf.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False)
+        exact_tokens = exact[0, len(ids):].tolist()
+        if ours == exact_tokens:
             equal += 1
             continue
-        at = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b)
-        ids = tok(prompt, add_special_tokens=False)["input_ids"] + ours[:at]
+        at = next(i for i, (a, b) in enumerate(zip(ours, exact_tokens, strict=True)) if a != b)
         with torch.no_grad():
-            logits = hf(torch.tensor([ids])).logits[0, -1]
-        gap = (logits[ours[at]] - logits[theirs[at]]).abs().item()
-        print(f"{prompt[-40:]!r}: tokens part at {at}: {ours[at]} vs {theirs[at]}, float32 logit gap {gap:.4f}")
+            logits = hf(torch.tensor([ids + ours[:at]])).logits[0, -1]
+        gap = (logits[exact_tokens[at]] - logits[ours[at]]).item()
+        print(f"{prompt[-40:]!r}: tokens part at {at}: {ours[at]} vs exact {exact_tokens[at]}, "
+              f"float32 logit gap {gap:.4f}")
         assert gap < NEAR_TIE, (prompt, at, gap)
-    # Measured here: 2 of 5 equal; the other 3 part at tokens 17-21 with gaps 0.03-0.07.
-    assert equal >= 1, "no prompt gives the same 32 tokens"
+    # Measured on the Intel Xeon: 1 of 5 equal; the others part at tokens 0, 1, 4 and 20 with gaps
+    # 0.015-0.128.
+    assert equal >= 1, "no prompt gives the exact model's 32 tokens"
