@@ -84,7 +84,7 @@ class LLMEngine(EngineCore):
             raise ValueError("--kv-cache-dtype int8: the CPU's attention backend only")
         backend = create_backend(self.platform.choose_attention_backend(config.attention_backend), arch.num_heads,
                                  arch.num_kv_heads, arch.head_dim, config.block_size, native_kernels,
-                                 torch.int8 if config.kv_cache_dtype == "int8" else None)
+                                 self.kv_cache_dtype)
         activation_bytes = 0
         if self.device.type == "cuda" and config.kv_cache_memory is None:  # what the largest step needs, first
             activation_bytes = peak_activation_bytes(self.model, backend, self.dtype, self.device,

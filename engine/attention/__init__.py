@@ -31,13 +31,13 @@ def rope_and_write_kv(qk: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tenso
 def create_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
                    native: ModuleType | None = None, kv_cache_dtype: torch.dtype | None = None) -> AttentionBackend:
     """`native`: the native CPU kernels' module (engine/native), for one-query batches and the
-    fused RoPE + KV write; None: torch ops only. `kv_cache_dtype`: None (the model's dtype) or
-    torch.int8 (`kv_int8.py`, the torch backend only)."""
+    fused RoPE + KV write; None: torch ops only. `kv_cache_dtype`: the cache's element type, the
+    model's dtype (None: the same) or torch.int8 (`kv_int8.py`, the torch backend only)."""
     if name == "torch-paged":
         from engine.attention.torch_paged import TorchPagedBackend
 
         return TorchPagedBackend(num_heads, num_kv_heads, head_dim, block_size, native, kv_cache_dtype)
-    if kv_cache_dtype is not None:
+    if kv_cache_dtype == torch.int8:
         raise ValueError(f"--kv-cache-dtype int8: the {name} attention backend reads caches in the model's dtype only")
     if name == "triton-paged":
         from engine.attention.triton_paged import TritonPagedBackend

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.attention.kv_int8 import dequantize_rows
+from engine.attention.kv_int8 import as_model_rows
 
 # Rows x blocks gathered at once (K and V of all KV heads): 4096 x 16 keys x 3 heads x 64 dims x
 # 2 bytes x 2 is 50 MB for SmolLM2 in bfloat16.
@@ -87,17 +87,17 @@ def batch_invariant_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
             past_end: torch.Tensor, tree_levels: list[torch.Tensor], scale: float) -> torch.Tensor:
     num_rows, num_heads, head_dim = q.shape
-    num_kv_heads, total_blocks, block_size, _ = k_cache.shape
+    num_kv_heads, total_blocks, block_size, row = k_cache.shape  # row: head_dim (+ 4 for int8)
     group = num_heads // num_kv_heads
     width = tables.shape[1]
     flat = tables.flatten()
     # [kv_heads * rows * width, block_size, head_dim]: each row's own blocks, one matrix per block
     # (an int8 cache's rows de-quantized, kv_int8.py)
-    row = k_cache.shape[3]
-    keys = k_cache.view(num_kv_heads, total_blocks, -1).index_select(1, flat).view(-1, block_size, row)
-    values = v_cache.view(num_kv_heads, total_blocks, -1).index_select(1, flat).view(-1, block_size, row)
-    if k_cache.dtype == torch.int8:
-        keys, values = dequantize_rows(keys, q.dtype), dequantize_rows(values, q.dtype)
+    def blocks(cache: torch.Tensor) -> torch.Tensor:
+        picked = cache.view(num_kv_heads, total_blocks, -1).index_select(1, flat).view(-1, block_size, row)
+        return as_model_rows(picked, q.dtype)
+
+    keys, values = blocks(k_cache), blocks(v_cache)
     # queries grouped under their KV head, once per block: [kv_heads * rows * width, group, head_dim]
     qg = q.view(num_rows, num_kv_heads, group, head_dim).transpose(0, 1).unsqueeze(2)
     qb = qg.expand(num_kv_heads, num_rows, width, group, head_dim).reshape(-1, group, head_dim)

@@ -28,7 +28,7 @@ def row_width(head_dim: int, kv_cache_dtype: torch.dtype | None) -> int:
 def quantize_rows(x: torch.Tensor) -> torch.Tensor:
     """[..., head_dim] float -> int8 [..., head_dim + 4]."""
     xf = x.float()
-    scale = xf.abs().amax(dim=-1, keepdim=True) / torch.tensor(127.0)
+    scale = xf.abs().amax(dim=-1, keepdim=True) / 127.0
     divisor = torch.where(scale == 0, torch.ones_like(scale), scale)
     codes = torch.round(xf / divisor).clamp_(-127, 127).to(torch.int8)
     return torch.cat([codes, scale.view(torch.int8)], dim=-1)
@@ -39,6 +39,12 @@ def dequantize_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     head_dim = rows.shape[-1] - SCALE_BYTES
     scale = rows[..., head_dim:].contiguous().view(torch.float32)  # [..., 1]
     return (rows[..., :head_dim].float() * scale).to(dtype)
+
+
+def as_model_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows gathered from a cache, in the model's `dtype`: an int8 cache's de-quantized, any
+    other's as they are."""
+    return dequantize_rows(rows, dtype) if rows.dtype == torch.int8 else rows
 
 
 def describe_kv_dtype(kv_cache_dtype: torch.dtype) -> str:

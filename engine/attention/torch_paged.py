@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from engine.attention.base import StepInputs
 from engine.attention.batch_invariant import InvariantRows, batch_invariant_attention, build_invariant_rows
-from engine.attention.kv_int8 import dequantize_rows, quantize_rows, row_width
+from engine.attention.kv_int8 import as_model_rows, quantize_rows, row_width
 from engine.utils import cdiv
 
 
@@ -65,7 +65,7 @@ class TorchPagedBackend:
                  native: ModuleType | None = None, kv_cache_dtype: torch.dtype | None = None):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.block_size = block_size
-        # the cache's element type: None (the model's dtype) or torch.int8 (kv_int8.py's rows)
+        # the cache's element type: the model's dtype (or None: the same) or torch.int8 (kv_int8.py's rows)
         self.kv_cache_dtype = kv_cache_dtype
         # The native CPU kernels (engine/native; the engine gives them on CPU only, when they
         # build): the one-query batch with K/V read in place (no gather copy, no padding to the
@@ -250,8 +250,7 @@ def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dty
     `dtype` (an int8 cache's rows de-quantized)."""
     num_kv_heads, num_blocks, block_size, row = cache.shape
     picked = cache.view(num_kv_heads, num_blocks, block_size * row).index_select(1, block_ids)
-    picked = picked.view(num_kv_heads, -1, row)
-    return dequantize_rows(picked, dtype) if cache.dtype == torch.int8 else picked
+    return as_model_rows(picked.view(num_kv_heads, -1, row), dtype)
 
 
 def _chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -402,7 +402,7 @@ void attend_int8(const T* q, const int8_t* k_cache, const int8_t* v_cache, const
                  int64_t end, int64_t group, int64_t head_dim, int64_t block_size, int64_t kv_head_stride,
                  float scale, float* acc, float* max_out, float* sum_out) {
   thread_local std::vector<T> keys(kSplitKeys * kMaxHeadDim), values(kSplitKeys * kMaxHeadDim);
-  const int64_t n = end - begin, row_bytes = head_dim + llm_serve::kInt8ScaleBytes;
+  const int64_t n = end - begin, row_bytes = llm_serve::cache_row(head_dim, true);
   const auto row = [&](int64_t t) {  // byte offset of key begin + t's row
     const int64_t key = begin + t;
     return kv_head_stride + (static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * row_bytes;
@@ -522,8 +522,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   const bool int8_cache = k_cache.scalar_type() == at::kChar;
   TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && (int8_cache || k_cache.scalar_type() == q.scalar_type()),
               "caches in q's dtype, or both int8");
-  const int64_t row = q.size(2) + (int8_cache ? llm_serve::kInt8ScaleBytes : 0);  // a cache row's elements
-  TORCH_CHECK(q.size(2) <= kMaxHeadDim && k_cache.size(3) == row,
+  TORCH_CHECK(q.size(2) <= kMaxHeadDim && k_cache.size(3) == llm_serve::cache_row(q.size(2), int8_cache),
               "unsupported head_dim, or cache rows not head_dim (head_dim + 4 for int8)");
   TORCH_CHECK(k_cache.size(2) <= 64, "block_size above 64");
   auto tables = block_tables.contiguous();

@@ -25,6 +25,9 @@ namespace llm_serve {
 
 constexpr int64_t kInt8ScaleBytes = 4;
 
+// elements of one cache row: head_dim, and for an int8 cache its scale's bytes too
+inline int64_t cache_row(int64_t head_dim, bool int8_cache) { return head_dim + (int8_cache ? kInt8ScaleBytes : 0); }
+
 inline float int8_row_scale(const int8_t* row, int64_t head_dim) {
   float scale;
   std::memcpy(&scale, row + head_dim, sizeof(scale));

@@ -98,7 +98,7 @@ std::tuple<at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qk, const at:
   const bool int8_cache = k_cache.scalar_type() == at::kChar;
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 &&
                   k_cache.sizes() == v_cache.sizes() && k_cache.size(0) == kv_heads &&
-                  k_cache.size(3) == head_dim + (int8_cache ? llm_serve::kInt8ScaleBytes : 0),
+                  k_cache.size(3) == llm_serve::cache_row(head_dim, int8_cache),
               "caches: [kv_heads, blocks, block_size, head_dim (+ 4 for int8)], contiguous");
   TORCH_CHECK(slot_mapping.is_contiguous() && slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == tokens,
               "slot_mapping: [tokens] int64");
