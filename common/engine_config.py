@@ -29,9 +29,11 @@ class EngineConfig:
         "auto", "the linear layers of batches above the GGUF codes' crossover: int8 (activations per group of 32 x "
                 "weights per output channel, AVX512-VNNI; and then the Q4_1 codes of the rows below the crossover "
                 "against int8 activations too: faster at batch 1, lossy), dense (--dtype weights through oneDNN), "
-                "or auto: with bfloat16, int8 batches where the CPU has VNNI and they measure faster at start-up, "
-                "the codes' rows on bfloat16 activations; with float32, dense",
-        choices=("auto", "int8", "dense"))
+                "amx (the codes as bfloat16 tiles on AMX: the dense weights on a third of the bytes; bfloat16 "
+                "only), or auto: with bfloat16, the fastest of dense, amx (where the CPU has AMX) and int8 "
+                "(where it has VNNI) measured at start-up, the codes' rows on bfloat16 activations; with float32, "
+                "dense",
+        choices=("auto", "int8", "dense", "amx"))
     dtype: str = opt("auto", "float32 | bfloat16 | float16 | auto (bfloat16 on CPU and CUDA)")
     device: str = opt("auto", "cpu | cuda | auto")
     max_model_len: int | None = opt(None, "longest prompt + output, in tokens; default: the model's limit")

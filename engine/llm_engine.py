@@ -162,8 +162,11 @@ class LLMEngine(EngineCore):
         batch_linear = config.batch_linear
         if batch_linear == "auto" and self.dtype != torch.bfloat16:
             batch_linear = "dense"
+        if batch_linear == "amx" and (self.dtype != torch.bfloat16 or not native.amx_linear_available()):
+            raise ValueError("--batch-linear amx: needs --dtype bfloat16 and a CPU with AMX-BF16")
         dense_left = use_group_codes(self.model, read_group_codes(gguf_path, arch.num_heads, arch.num_kv_heads), native,
-                                     int8=batch_linear != "dense", int8_codes=batch_linear == "int8")
+                                     int8=batch_linear in ("auto", "int8"), int8_codes=batch_linear == "int8",
+                                     amx=batch_linear in ("auto", "amx") and self.dtype == torch.bfloat16)
         verdicts = measure_batch_methods(self.model, self.dtype, config.max_num_seqs, batch_linear)
         logger.info("linear layers on the codes of %s: %s; dense: %s", gguf_path.name, describe_batch_methods(verdicts),
                     ", ".join(dense_left) or "none")

@@ -97,11 +97,34 @@ class GroupCodes:
         q = self._q4_values().view(out // 16, 16, groups, 8, 4).permute(0, 2, 3, 1, 4)  # [tile, g, quad, 16, 4]
         codes = (q[:, :, :4] | (q[:, :, 4:] << 4)).reshape(out // 16, groups, 4, 64).contiguous()
 
-        def per_tile(t: torch.Tensor) -> torch.Tensor:
-            return t.view(out // 16, 16, groups).transpose(1, 2).contiguous()
-
         assert self.mins is not None
-        return codes, per_tile(self.scales), per_tile(self.mins)
+        return codes, self._per_tile(self.scales), self._per_tile(self.mins)
+
+    def amx_tiles(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(codes, scales, mins) in amx_linear.cpp's layout: per 16 outputs and group, a matrix-unit
+        tile of 16 input pairs whose lanes 2c + i are output c at input 2p + i, outputs 0..7 ("low")
+        and 8..15 ("high") apart (Q4_1: uint8 [out / 16, in / 32, 16, 16], byte j the low lane j in
+        its low nibble and the high lane j in its high one; Q8_0: int8 [out / 16, in / 32, 16, 32],
+        the low lanes then the high ones), and float16 [out / 16, in / 32, 16] (an empty mins for
+        Q8_0)."""
+        assert self.amx_tiles_ready, f"{self.shape}: needs a multiple of 32 outputs"
+        out, inputs = self.shape
+        groups = inputs // GROUP
+        values = self._q4_values() if self.format == "q4_1" else self.codes.view(out, groups, GROUP)
+        # [tile, output c, group, pair p, i] -> [tile, group, p, c * 2 + i]: lanes 0..15 low, 16..31 high
+        lanes = values.reshape(out // 16, 16, groups, 16, 2).permute(0, 2, 3, 1, 4).reshape(out // 16, groups, 16, 32)
+        codes = lanes[..., :16] | (lanes[..., 16:] << 4) if self.format == "q4_1" else lanes
+        mins = torch.empty(0, dtype=torch.float16) if self.mins is None else self._per_tile(self.mins)
+        return codes.contiguous(), self._per_tile(self.scales), mins
+
+    def _per_tile(self, t: torch.Tensor) -> torch.Tensor:
+        """float16 [out, groups] -> [out / 16, groups, 16]"""
+        out, groups = t.shape
+        return t.view(out // 16, 16, groups).transpose(1, 2).contiguous()
+
+    @property
+    def amx_tiles_ready(self) -> bool:
+        return self.shape[0] % 32 == 0
 
     @property
     def int8_tiles_ready(self) -> bool:

@@ -3,9 +3,10 @@ native kernel (engine/native/csrc/quant_linear.cpp), for the batch sizes where t
 
 A decode step of a few rows is bound by the bytes of the weights it reads: the codes are a third
 of bf16's (Q4_1: 5 bits per weight with its scale and minimum). A step of many rows is bound by
-arithmetic instead, so each layer also has a batch method for the rows above `max_rows`: int8
-activations x int8 weights through AVX512-VNNI (engine/models/int8_linear.py) where the CPU has it
-and it measures faster, else oneDNN's packed matmul on the dense weights. With `--batch-linear
+arithmetic instead, so each layer also has a batch method for the rows above `max_rows`, the
+fastest at start-up of: oneDNN's packed matmul on the dense weights; the codes as bf16 tiles on
+AMX (engine/models/amx_linear.py, the same weights on a third of the bytes) where the CPU has it;
+int8 activations x int8 weights through AVX512-VNNI (engine/models/int8_linear.py) where it has that. With `--batch-linear
 int8`, the Q4_1 codes meet int8 activations as well (q4_int8_linear.cpp: the 4-bit codes straight
 into VPDPBUSD), which leaves a few rows bound by the bytes of the codes instead of by turning
 each code into a bf16; lossy, so not the default. The batch method and the
@@ -25,6 +26,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from engine.models.amx_linear import AmxCodesMethod, amx_ready
 from engine.models.batch_invariance import TILE_ROWS, invariant_rows_start
 from engine.models.gguf_codes import GroupCodes
 from engine.models.int8_linear import Int8LinearMethod, int8_shape_ready
@@ -43,12 +45,14 @@ CACHE_EVICT_BYTES = 64 << 20  # more than the last-level cache of the CPUs we me
 
 class GroupQuantizedMethod(LinearMethod):
     """One layer's codes (in the kernel's panel layout), its dense method, and the method for the
-    rows above the crossover (`batch`: the dense method or an Int8LinearMethod)."""
+    rows above the crossover (`batch`: one of `batch_candidates`, the dense method first, then an
+    AmxCodesMethod and an Int8LinearMethod where the layer has them; measure_batch_methods picks)."""
 
     def __init__(self, dense: LinearMethod, codes: GroupCodes, native: ModuleType, max_rows: int = 0,
                  int8_codes: bool = False):
         self.dense, self.native, self.format = dense, native, codes.format
         self.batch: LinearMethod = dense
+        self.batch_candidates: list[LinearMethod] = [dense]
         self.codes, self.scales, self.mins = codes.panels()
         # Q4_1 with --batch-linear int8: the same codes in q4_int8_linear.cpp's layout, which the
         # codes' rows then take against int8 activations (None: the codes above, exactly)
@@ -107,11 +111,11 @@ class GroupQuantizedMethod(LinearMethod):
 
 
 def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: ModuleType, int8: bool,
-                    int8_codes: bool = False) -> list[str]:
+                    int8_codes: bool = False, amx: bool = False) -> list[str]:
     """Give every linear layer with codes for all its checkpoint matrices a GroupQuantizedMethod,
-    with int8 weights for batches if `int8`, and Q4_1 codes against int8 activations if
-    `int8_codes` too (where the kernels and the shape allow); return the names of those left
-    dense. A merged layer stacks its shards' codes in its shard order; a tied LM head takes the
+    with int8 weights for batches if `int8`, AMX tiles of the codes for batches if `amx` (bfloat16
+    engines), and Q4_1 codes against int8 activations if `int8_codes` (where the kernels and the
+    shape allow); return the names of those left dense. A merged layer stacks its shards' codes in its shard order; a tied LM head takes the
     embedding's."""
     int8 = int8 and native.int8_linear_available()
     int8_codes = int8_codes and int8
@@ -140,16 +144,18 @@ def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: Modu
             dense_left.append(name)
             continue
         method = GroupQuantizedMethod(layer.method, stacked, native, int8_codes=int8_codes)
+        if amx and amx_ready(native, stacked):
+            method.batch_candidates.append(AmxCodesMethod(stacked, native))
         if int8 and int8_shape_ready(layer.output_size, layer.input_size):
-            method.batch = Int8LinearMethod(stacked.dequantize(), native)
+            method.batch_candidates.append(Int8LinearMethod(stacked.dequantize(), native))
         layer.method = method
     return dense_left
 
 
 def measure_batch_methods(model: nn.Module, dtype: torch.dtype, limit: int, choice: str) -> dict[ShapeKey, Verdict]:
-    """For each distinct (in, out, format) shape: the batch method (with `choice` "auto", int8
-    where it has int8 weights and beats the dense method at min(limit, BATCH_PROBE_ROWS) rows;
-    "int8" and "dense" as named) and the crossover, the most rows (of CANDIDATE_ROWS, up to
+    """For each distinct (in, out, format) shape: the batch method (with `choice` "auto", the
+    fastest candidate at min(limit, BATCH_PROBE_ROWS) rows; "int8", "amx" and "dense" as named,
+    dense where the shape has no such candidate) and the crossover, the most rows (of CANDIDATE_ROWS, up to
     `limit`) for which the codes beat the batch method at every row count up to it; both set on
     every layer of the shape. A decode step streams every layer's weights from memory (the model
     is larger than the caches), so each timing runs through all the layers of the shape after
@@ -162,10 +168,10 @@ def measure_batch_methods(model: nn.Module, dtype: torch.dtype, limit: int, choi
     verdicts = {}
     for key, layers in by_shape.items():
         methods: list[GroupQuantizedMethod] = [layer.method for layer in layers]  # type: ignore[misc]
-        if choice == "dense" or (choice == "auto" and _dense_is_faster(methods, layers, dtype,
-                                                                      min(limit, BATCH_PROBE_ROWS), evict)):
-            for method in methods:
-                method.batch = method.dense  # the int8 weights, if any, are let go
+        chosen = _fastest_batch(methods, layers, dtype, min(limit, BATCH_PROBE_ROWS), evict, choice)
+        for method in methods:
+            method.batch = method.batch_candidates[chosen]
+            method.batch_candidates = [method.batch]  # the others' weights are let go
         max_rows = _crossover(methods, layers, dtype, limit, evict)
         for method in methods:
             method.max_rows = max_rows
@@ -173,12 +179,22 @@ def measure_batch_methods(model: nn.Module, dtype: torch.dtype, limit: int, choi
     return verdicts
 
 
-def _dense_is_faster(methods: list[GroupQuantizedMethod], layers: list[Linear], dtype: torch.dtype, rows: int,
-                     evict: torch.Tensor) -> bool:
-    if methods[0].batch is methods[0].dense:
-        return True
+BATCH_CHOICES = {"int8": Int8LinearMethod.name, "amx": AmxCodesMethod.name}
+
+
+def _fastest_batch(methods: list[GroupQuantizedMethod], layers: list[Linear], dtype: torch.dtype, rows: int,
+                   evict: torch.Tensor, choice: str) -> int:
+    """Index in batch_candidates (the same kinds for every layer of a shape) of the batch method."""
+    names = [c.name for c in methods[0].batch_candidates]
+    if choice != "auto":
+        wanted = BATCH_CHOICES.get(choice)
+        return names.index(wanted) if wanted in names else 0
+    if len(names) == 1:
+        return 0
     x = _probe_input(layers, dtype, rows)
-    return _layers_seconds(methods, layers, "dense", x, evict) <= _layers_seconds(methods, layers, "batch", x, evict)
+    seconds = [_cold_seconds([functools.partial(m.batch_candidates[i].apply, la, x)
+                              for m, la in zip(methods, layers, strict=True)], evict) for i in range(len(names))]
+    return min(range(len(names)), key=seconds.__getitem__)
 
 
 def _crossover(methods: list[GroupQuantizedMethod], layers: list[Linear], dtype: torch.dtype, limit: int,
@@ -193,7 +209,7 @@ def _crossover(methods: list[GroupQuantizedMethod], layers: list[Linear], dtype:
     for rows in (r for r in tried if r <= limit):
         x = _probe_input(layers, dtype, rows)
         codes = _cold_seconds([functools.partial(m.apply_codes, x) for m in methods], evict)
-        if codes >= _layers_seconds(methods, layers, "batch", x, evict):
+        if codes >= _batch_seconds(methods, layers, x, evict):
             break
         best = rows
     return best
@@ -203,11 +219,11 @@ def _probe_input(layers: list[Linear], dtype: torch.dtype, rows: int) -> torch.T
     return torch.randn(rows, layers[0].input_size, generator=torch.Generator().manual_seed(rows)).to(dtype)
 
 
-def _layers_seconds(methods: list[GroupQuantizedMethod], layers: list[Linear], which: str, x: torch.Tensor,
-                    evict: torch.Tensor) -> float:
-    """_cold_seconds of every layer's `which` method ("dense" or "batch") on x."""
-    return _cold_seconds([functools.partial(getattr(m, which).apply, la, x) for m, la in zip(methods, layers,
-                                                                                             strict=True)], evict)
+def _batch_seconds(methods: list[GroupQuantizedMethod], layers: list[Linear], x: torch.Tensor,
+                   evict: torch.Tensor) -> float:
+    """_cold_seconds of every layer's batch method on x."""
+    return _cold_seconds([functools.partial(m.batch.apply, la, x) for m, la in zip(methods, layers, strict=True)],
+                         evict)
 
 
 def _cold_seconds(calls: list[Callable[[], object]], evict: torch.Tensor, rounds: int = 3) -> float:

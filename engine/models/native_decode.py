@@ -9,7 +9,7 @@ modules, so its result is bitwise theirs.
 A step goes this way when every row is a one-query decode row that the backend attends with the
 native kernel and no row asks for batch invariance (`AttentionBackend.native_decode_inputs`),
 the rows are within every layer's codes crossover (above it a layer takes its batch method: in
-the call too where every layer's is the int8 kernel, a dense one only through the modules),
+the call too where every layer's is a native kernel, int8 or AMX; a dense one only through the modules),
 and the step's KV caches are those it was built with; any other step runs the modules. A traced
 step swaps `decode_layers_natively` out (engine/trace/recorder.py), so every module keeps its stop.
 """
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from engine.attention.forward_context import get_forward_context
+from engine.models.amx_linear import AmxCodesMethod
 from engine.models.group_quantized import GroupQuantizedMethod
 from engine.models.int8_linear import Int8LinearMethod
 
@@ -39,19 +40,30 @@ class NativeDecodeLayers:
             methods += [layer.self_attn.qkv_proj.method, layer.self_attn.o_proj.method,
                         layer.mlp.gate_up_proj.method, layer.mlp.down_proj.method]
         # Rows up to which every layer runs its codes (the measured crossovers, set before this);
-        # where every layer's batch method is int8 (a native kernel too), every decode step.
-        batches = [m.batch if isinstance(m.batch, Int8LinearMethod) else None for m in methods]
-        self.max_rows = EVERY_STEP if None not in batches else min(m.max_rows for m in methods)
-        self.kv_caches = kv_caches
+        # where every layer's batch method is a native kernel too (int8 or AMX), every decode step.
         none = torch.empty(0, dtype=torch.uint8)
+        batches = [native_batch(m, none) for m in methods]
+        self.max_rows = EVERY_STEP if all(kind for kind, *_ in batches) else min(m.max_rows for m in methods)
+        self.kv_caches = kv_caches
         int8 = [m.int8_codes or (none, none, none) for m in methods]
-        batch = [(none, none) if b is None else (b.codes, b.scales) for b in batches]
         self.impl = native.DecodeLayers(norms, [m.codes for m in methods], [m.scales for m in methods],
                                         [m.mins for m in methods], [m.format for m in methods],
                                         [c for c, _, _ in int8], [s for _, s, _ in int8], [n for _, _, n in int8],
-                                        [w for w, _ in batch], [sc for _, sc in batch], [m.max_rows for m in methods],
+                                        *[list(column) for column in zip(*batches, strict=True)],
+                                        [m.max_rows for m in methods],
                                         [k for k, _ in kv_caches], [v for _, v in kv_caches], arch.num_heads,
                                         arch.num_kv_heads, arch.head_dim, arch.rms_norm_eps, arch.head_dim ** -0.5)
+
+
+def native_batch(method: GroupQuantizedMethod, none: torch.Tensor) -> tuple[str, torch.Tensor, torch.Tensor,
+                                                                              torch.Tensor]:
+    """(kind, codes, scales, mins) of the layer's batch method where DecodeLayers runs it, else ("", none...)."""
+    batch = method.batch
+    if isinstance(batch, Int8LinearMethod):
+        return "int8", batch.codes, batch.scales, none
+    if isinstance(batch, AmxCodesMethod):
+        return "amx", batch.codes, batch.scales, batch.mins
+    return "", none, none, none
 
 
 def unsupported_reason(model: Any) -> str | None:

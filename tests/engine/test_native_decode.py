@@ -5,7 +5,8 @@ give bitwise the modules' logprobs (the same kernels in the same order), counted
 knows the call ran; steps it must not take (prefill chunks, more rows than every layer's codes
 crossover unless every batch method is the int8 kernel, a batch-invariant request) leave it
 alone and still give the same tokens. With the default linears, with `--batch-linear int8` (Q4_1
-codes against int8 activations), and with the default linears over `--kv-cache-dtype int8`.
+codes against int8 activations), with `--batch-linear amx` (the codes as bf16 tiles for batches),
+and with the default linears over `--kv-cache-dtype int8`.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 
 from common.messages import SamplingParams
 from engine.llm import LLM
+from engine.models.amx_linear import AmxCodesMethod
 from engine.models.group_quantized import GroupQuantizedMethod
 from engine.models.int8_linear import Int8LinearMethod
 from engine.models.native_decode import NativeDecodeLayers
@@ -35,13 +37,15 @@ class CountedCalls:
         return self.impl.forward(*args)
 
 
-@pytest.fixture(scope="module", params=["auto", "int8", "kv-int8"])
+@pytest.fixture(scope="module", params=["auto", "int8", "amx", "kv-int8"])
 def llm(request):
     # "int8": the Q4_1 codes against int8 activations (q4_int8_linear.cpp), through the same call;
     # "kv-int8": the default linears, the KV cache as int8 rows (engine/attention/kv_int8.py)
     if request.param == "int8" and not kernels().int8_linear_available():
         pytest.skip("the int8 kernels need AVX512-VNNI")
-    batch_linear = "int8" if request.param == "int8" else "auto"
+    if request.param == "amx" and not kernels().amx_linear_available():
+        pytest.skip("the AMX kernel needs AMX-BF16")
+    batch_linear = request.param if request.param in ("int8", "amx") else "auto"
     # no prefix caching: the second run of a prompt computes its prefill as the first did
     llm = LLM(dtype="bfloat16", device="cpu", kv_cache_memory=64 << 20, max_model_len=512, max_num_seqs=8,
               enable_prefix_caching=False, batch_linear=batch_linear,
@@ -53,6 +57,8 @@ def llm(request):
     methods = [m.method for m in model.modules() if isinstance(getattr(m, "method", None), GroupQuantizedMethod)]
     q4 = [m for m in methods if m.format == "q4_1"]
     assert q4 and all((m.int8_codes is not None) == (batch_linear == "int8") for m in q4)
+    assert all(isinstance(m.batch, AmxCodesMethod) == (batch_linear == "amx") or batch_linear == "auto"
+               for m in methods)
     for module in model.modules():
         if isinstance(getattr(module, "method", None), GroupQuantizedMethod):
             module.method.max_rows = MAX_ROWS
@@ -90,11 +96,11 @@ def test_decode_steps_in_one_call_give_the_modules_logprobs_bitwise(llm, rows):
 
 
 def test_steps_above_the_crossover(llm):
-    # in the one call where every layer's batch method is the int8 kernel (bitwise the modules'),
-    # else through the modules
+    # in the one call where every layer's batch method is a native kernel, int8 or AMX (bitwise
+    # the modules'), else through the modules
     methods = [m.method for m in llm.engine.model.modules() if isinstance(getattr(m, "method", None),
                                                                           GroupQuantizedMethod)]
-    in_the_call = all(isinstance(m.batch, Int8LinearMethod) for m in methods)
+    in_the_call = all(isinstance(m.batch, (Int8LinearMethod, AmxCodesMethod)) for m in methods)
     native, calls = _run(llm, _prompts(MAX_ROWS + 2), native=True)
     modules, _ = _run(llm, _prompts(MAX_ROWS + 2), native=False)
     if in_the_call:

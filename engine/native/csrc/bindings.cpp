@@ -22,12 +22,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<DecodeLayers>(m, "DecodeLayers", "a decode step's decoder layers in one call (decode_layers.h)")
       .def(py::init<std::vector<at::Tensor>, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
                     const std::vector<at::Tensor>&, const std::vector<std::string>&, const std::vector<at::Tensor>&,
-                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
-                    const std::vector<at::Tensor>&, const std::vector<int64_t>&,
+                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<std::string>&, const std::vector<at::Tensor>&,
+                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const std::vector<int64_t>&,
                     std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t, int64_t, int64_t, double, double>(),
            py::arg("norm_weights"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("formats"),
            py::arg("int8_codes"), py::arg("int8_scales"), py::arg("int8_mins"),
-           py::arg("batch_weights"), py::arg("batch_scales"), py::arg("codes_rows"),
+           py::arg("batch_kinds"), py::arg("batch_codes"), py::arg("batch_scales"), py::arg("batch_mins"),
+           py::arg("codes_rows"),
            py::arg("k_caches"), py::arg("v_caches"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("eps"), py::arg("scale"))
       .def("forward", &DecodeLayers::forward, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("slot_mapping"),
@@ -42,6 +44,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x [rows, in] @ W^T, W the Q4_1 codes (uint8 [out/16, in/32, 4, 64] + float16 scales and mins "
         "[out/16, in/32, 16]), x as int8 per group of 32",
         py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("float32_out") = false);
+  m.def("amx_linear_available", &amx_linear_available,
+        "whether amx_linear was built and the CPU lets this process use AMX tiles");
+  m.def("amx_linear", &amx_linear,
+        "x [rows, in] bf16 @ W^T, W the GGUF codes in AMX tiles (q4_1: uint8 [out/16, in/32, 16, 16], q8_0: "
+        "int8 [out/16, in/32, 16, 32]; float16 scales and mins [out/16, in/32, 16]) as bf16 weights",
+        py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("format"),
+        py::arg("float32_out") = false);
   m.def("inverse_cdf", &inverse_cdf, "per row, the token whose slice of the cumulative distribution holds u x total",
         py::arg("probs"), py::arg("u"));
   m.def("nucleus_ok", &nucleus_ok, "whether each drawn token survives top-p and min-p", py::arg("probs"),

@@ -13,8 +13,9 @@ DecodeLayers::DecodeLayers(std::vector<at::Tensor> norm_weights, const std::vect
                            const std::vector<at::Tensor>& scales, const std::vector<at::Tensor>& mins,
                            const std::vector<std::string>& formats, const std::vector<at::Tensor>& int8_codes,
                            const std::vector<at::Tensor>& int8_scales, const std::vector<at::Tensor>& int8_mins,
-                           const std::vector<at::Tensor>& batch_weights,
-                           const std::vector<at::Tensor>& batch_scales, const std::vector<int64_t>& codes_rows,
+                           const std::vector<std::string>& batch_kinds,
+                           const std::vector<at::Tensor>& batch_codes, const std::vector<at::Tensor>& batch_scales,
+                           const std::vector<at::Tensor>& batch_mins, const std::vector<int64_t>& codes_rows,
                            std::vector<at::Tensor> k_caches,
                            std::vector<at::Tensor> v_caches, int64_t heads, int64_t kv_heads, int64_t head_dim,
                            double eps, double scale)
@@ -32,19 +33,27 @@ DecodeLayers::DecodeLayers(std::vector<at::Tensor> norm_weights, const std::vect
                   formats.size() == codes.size(),
               "four linears per layer");
   TORCH_CHECK(int8_codes.size() == codes.size() && int8_scales.size() == codes.size() &&
-                  int8_mins.size() == codes.size() && batch_weights.size() == codes.size() &&
-                  batch_scales.size() == codes.size() && codes_rows.size() == codes.size(),
-              "int8 codes, batch weights and codes_rows for every linear");
-  for (size_t i = 0; i < codes.size(); ++i)
+                  int8_mins.size() == codes.size() && batch_kinds.size() == codes.size() &&
+                  batch_codes.size() == codes.size() && batch_scales.size() == codes.size() &&
+                  batch_mins.size() == codes.size() && codes_rows.size() == codes.size(),
+              "int8 codes, batch methods and codes_rows for every linear");
+  for (size_t i = 0; i < codes.size(); ++i) {
+    TORCH_CHECK(batch_kinds[i].empty() || batch_kinds[i] == "int8" || batch_kinds[i] == "amx",
+                "batch kind \"\", int8 or amx");
     linears_.push_back({codes[i], scales[i], mins[i], formats[i], int8_codes[i], int8_scales[i], int8_mins[i],
-                        batch_weights[i], batch_scales[i], codes_rows[i]});
+                        batch_kinds[i], batch_codes[i], batch_scales[i], batch_mins[i], codes_rows[i]});
+  }
 }
 
 namespace {
 // as GroupQuantizedMethod.apply and apply_codes choose (the one call takes no batch-invariant
-// rows, and more rows than codes_rows only where every linear has int8 batch weights)
+// rows, and more rows than codes_rows only where every linear has a native batch method)
 at::Tensor apply(const CodesLinear& w, const at::Tensor& x) {
-  if (x.size(0) > w.codes_rows) return int8_linear(x, w.batch_weights, w.batch_scale, false);
+  if (x.size(0) > w.codes_rows) {
+    TORCH_CHECK(!w.batch_kind.empty(), "more rows than the codes' crossover and no native batch method");
+    if (w.batch_kind == "amx") return amx_linear(x, w.batch_codes, w.batch_scales, w.batch_mins, w.format, false);
+    return int8_linear(x, w.batch_codes, w.batch_scales, false);
+  }
   if (w.int8_codes.numel() > 0) return q4_int8_linear(x, w.int8_codes, w.int8_scales, w.int8_mins, false);
   return quant_linear(x, w.codes, w.scales, w.mins, w.format, false);
 }

@@ -14,9 +14,11 @@ struct CodesLinear {
   at::Tensor codes, scales, mins;
   std::string format;
   at::Tensor int8_codes, int8_scales, int8_mins;
-  // for steps of more than codes_rows rows: the int8 batch method's weights (int8_linear.cpp;
-  // empty where the layer's batch method is dense, whose steps NativeDecodeLayers never sends)
-  at::Tensor batch_weights, batch_scale;
+  // for steps of more than codes_rows rows, the native batch method: "int8" (int8_linear.cpp:
+  // batch_codes, batch_scales) or "amx" (amx_linear.cpp: the codes in tiles, their scales and
+  // mins); "" where the layer's batch method is dense, whose steps NativeDecodeLayers never sends
+  std::string batch_kind;
+  at::Tensor batch_codes, batch_scales, batch_mins;
   int64_t codes_rows;
 };
 
@@ -24,14 +26,15 @@ class DecodeLayers {
  public:
   // Per layer, in order: input norm weight, q/k/v, o, post-attention norm weight, gate/up, down;
   // the linears' codes, scales, mins and formats as four lists of 4 * layers, then their int8
-  // codes (three lists, empty tensors where none), their int8 batch weights and scales (empty
-  // where none) and codes_rows; the caches per layer.
+  // codes (three lists, empty tensors where none), their native batch methods (kinds, codes,
+  // scales, mins; "" and empty tensors where none) and codes_rows; the caches per layer.
   DecodeLayers(std::vector<at::Tensor> norm_weights, const std::vector<at::Tensor>& codes,
                const std::vector<at::Tensor>& scales, const std::vector<at::Tensor>& mins,
                const std::vector<std::string>& formats, const std::vector<at::Tensor>& int8_codes,
                const std::vector<at::Tensor>& int8_scales, const std::vector<at::Tensor>& int8_mins,
-               const std::vector<at::Tensor>& batch_weights,
-               const std::vector<at::Tensor>& batch_scales, const std::vector<int64_t>& codes_rows,
+               const std::vector<std::string>& batch_kinds, const std::vector<at::Tensor>& batch_codes,
+               const std::vector<at::Tensor>& batch_scales, const std::vector<at::Tensor>& batch_mins,
+               const std::vector<int64_t>& codes_rows,
                std::vector<at::Tensor> k_caches,
                std::vector<at::Tensor> v_caches, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
                double scale);

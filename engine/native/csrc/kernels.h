@@ -24,3 +24,6 @@ bool int8_linear_available();
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& w_scale, bool float32_out);
 at::Tensor q4_int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                           const at::Tensor& mins, bool float32_out);
+bool amx_linear_available();
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                      const std::string& format, bool float32_out);
