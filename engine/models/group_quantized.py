@@ -6,10 +6,10 @@ of bf16's (Q4_1: 5 bits per weight with its scale and minimum). A step of many r
 arithmetic instead, so each layer also has a batch method for the rows above `max_rows`, the
 fastest at start-up of: oneDNN's packed matmul on the dense weights; the codes as bf16 tiles on
 AMX (engine/models/amx_linear.py, the same weights on a third of the bytes) where the CPU has it;
-int8 activations x int8 weights through AVX512-VNNI (engine/models/int8_linear.py) where it has that. With `--batch-linear
-int8`, the Q4_1 codes meet int8 activations as well (q4_int8_linear.cpp: the 4-bit codes straight
-into VPDPBUSD), which leaves a few rows bound by the bytes of the codes instead of by turning
-each code into a bf16; lossy, so not the default. The batch method and the
+int8 activations x int8 weights through AVX512-VNNI (engine/models/int8_linear.py) where it has
+that. With `--batch-linear int8`, the Q4_1 codes meet int8 activations as well (q4_int8_linear.cpp:
+the 4-bit codes straight into VPDPBUSD), which leaves a few rows bound by the bytes of the codes
+instead of by turning each code into a bf16; lossy, so not the default. The batch method and the
 crossover are measured once at start-up per distinct shape (`measure_batch_methods`) and logged.
 
 The dense weights are the codes de-quantized (exact in float32) and rounded to the engine's
@@ -115,8 +115,8 @@ def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: Modu
     """Give every linear layer with codes for all its checkpoint matrices a GroupQuantizedMethod,
     with int8 weights for batches if `int8`, AMX tiles of the codes for batches if `amx` (bfloat16
     engines), and Q4_1 codes against int8 activations if `int8_codes` (where the kernels and the
-    shape allow); return the names of those left dense. A merged layer stacks its shards' codes in its shard order; a tied LM head takes the
-    embedding's."""
+    shape allow); return the names of those left dense. A merged layer stacks its shards' codes in
+    its shard order; a tied LM head takes the embedding's."""
     int8 = int8 and native.int8_linear_available()
     int8_codes = int8_codes and int8
     mapping = getattr(model, "packed_modules_mapping", {})
