@@ -241,7 +241,7 @@ void attend_split_f32(const float* q, const float* k_cache, const float* v_cache
 
 #if defined(__AVX512BF16__)
 // Keys ahead of the one being scored whose K rows are requested from memory first.
-constexpr int kPrefetchKeys = 32;
+constexpr int kPrefetchKeys = 64;
 
 // attend_split for a bfloat16 cache, head_dim = 32 * C2 (same arguments), in three passes over
 // the split's keys (at most kSplitKeys), all in VDPBF16PS on the cache's own rows:
@@ -264,11 +264,15 @@ void attend_split_bf16(const at::BFloat16* q, const at::BFloat16* k_cache, const
   const int n = static_cast<int>(end - begin);
   const at::BFloat16* krow[kSplitKeys];
   const at::BFloat16* vrow[kSplitKeys];
-  for (int t = 0; t < n; ++t) {
-    const int64_t key = begin + t;
-    const int64_t offset = (static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * head_dim;
-    krow[t] = k_cache + kv_head_stride + offset;
-    vrow[t] = v_cache + kv_head_stride + offset;
+  for (int t = 0; t < n;) {  // a block at a time: one division per block, not per key
+    const int64_t key = begin + t, in_block = key % block_size;
+    const int64_t offset = (static_cast<int64_t>(table[key / block_size]) * block_size + in_block) * head_dim;
+    const int run = static_cast<int>(std::min<int64_t>(n - t, block_size - in_block));
+    for (int j = 0; j < run; ++j) {
+      krow[t + j] = k_cache + kv_head_stride + offset + j * head_dim;
+      vrow[t + j] = v_cache + kv_head_stride + offset + j * head_dim;
+    }
+    t += run;
   }
   for (int t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_row(krow[t], row_bytes);
 
