@@ -39,7 +39,7 @@ Verdict = tuple[int, str, str]  # (rows up to which the codes run, the batch met
 
 # Row counts tried for the crossover; a step never needs the codes beyond the last.
 CANDIDATE_ROWS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
-BATCH_PROBE_ROWS = 64  # most rows at which the int8 and the dense batch methods are compared
+BATCH_PROBE_ROWS = 64  # most rows at which the batch methods are compared
 CACHE_EVICT_BYTES = 64 << 20  # more than the last-level cache of the CPUs we meet (32 MiB here)
 
 
