@@ -60,18 +60,24 @@ class Sampler:
         raw_logprobs = logits.log_softmax(dim=-1) if md.max_num_logprobs >= 0 else None
         logits = apply_penalties(logits, md, state)
         if md.all_greedy:
-            sampled = logits.argmax(dim=-1)
+            sampled = self._argmax(logits)
         elif md.random_idx is None:  # every row random
             sampled = self._draw(logits, md)
         else:
             assert md.greedy_idx is not None
             sampled = torch.empty(md.num_rows, dtype=torch.int64, device=logits.device)
-            sampled[md.greedy_idx] = logits.index_select(0, md.greedy_idx).argmax(dim=-1)
+            sampled[md.greedy_idx] = self._argmax(logits.index_select(0, md.greedy_idx))
             sampled[md.random_idx] = self._draw(logits.index_select(0, md.random_idx), md)
         out = SamplerOutput(sampled)
         if raw_logprobs is not None:
             out.logprob_token_ids, out.logprobs = _ranked_logprobs(raw_logprobs, sampled, md.max_num_logprobs)
         return out
+
+    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """torch.argmax over the vocabulary: [rows] int64 (the native kernel's rows run in parallel)."""
+        if self.native is not None and logits.is_cpu and logits.dtype == torch.float32:
+            return self.native.argmax_rows(logits)
+        return logits.argmax(dim=-1)
 
     def _draw(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """logits: [num_random, vocab] of the random rows only."""

@@ -193,3 +193,20 @@ def test_nucleus_ok_matches_the_torch_path(vocab):
     for tp, mp in ((top_p, None), (None, min_p), (top_p, min_p)):
         ours = native.nucleus_ok(probs, token, tp, mp, best if mp is not None else None)
         assert torch.equal(ours, _inside(probs, token, tp, mp, best if mp is not None else None))
+
+
+@pytest.mark.parametrize("vocab", [1, 17, 1000, 49152])
+def test_argmax_rows_is_torch_argmax(vocab):
+    """The greedy choice: torch.argmax's index on every row, ties to the first, a NaN first."""
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(40, vocab, generator=g) * 4
+    logits[1] = float("-inf")  # every token banned: index 0, as torch
+    logits[2, vocab // 2:] = logits[2].max() + 1  # a tie spanning vectors: the first of it
+    logits[3, -1] = float("inf")
+    logits[4, vocab // 3] = float("nan")
+    logits[5, -1], logits[5, 0] = float("nan"), float("nan")
+    logits[6] = 0.0
+    logits[6, vocab - 1] = -0.0  # -0 equals 0: still the first
+    logits[7] = logits[7].round()  # many exact ties
+    assert torch.equal(native.argmax_rows(logits), logits.argmax(dim=-1))
+    assert torch.equal(native.argmax_rows(logits[:1]), logits[:1].argmax(dim=-1))

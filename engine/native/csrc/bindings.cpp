@@ -51,6 +51,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "int8 [out/16, in/32, 16, 32]; float16 scales and mins [out/16, in/32, 16]) as bf16 weights",
         py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("format"),
         py::arg("float32_out") = false);
+  m.def("argmax_rows", &argmax_rows, "torch.argmax(logits, dim=-1) of float32 [rows, vocab], the rows in parallel",
+        py::arg("logits"));
   m.def("inverse_cdf", &inverse_cdf, "per row, the token whose slice of the cumulative distribution holds u x total",
         py::arg("probs"), py::arg("u"));
   m.def("nucleus_ok", &nucleus_ok, "whether each drawn token survives top-p and min-p", py::arg("probs"),

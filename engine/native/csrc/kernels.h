@@ -17,6 +17,7 @@ std::tuple<at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qk, const at:
                                                  const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache,
                                                  const at::Tensor& slot_mapping, int64_t heads);
 at::Tensor silu_and_mul(const at::Tensor& x);
+at::Tensor argmax_rows(const at::Tensor& logits);
 at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& u);
 at::Tensor nucleus_ok(const at::Tensor& probs, const at::Tensor& token, const c10::optional<at::Tensor>& top_p,
                       const c10::optional<at::Tensor>& min_p, const c10::optional<at::Tensor>& top_prob);

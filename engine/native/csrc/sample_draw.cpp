@@ -9,6 +9,10 @@
 // nucleus_ok: whether each drawn token survives top-p (the probability of the tokens ranked before
 // it, higher or equal with a lower id, is below top_p, or top_p >= 1) and min-p (its probability
 // is at least min_p x the row's top probability).
+// argmax_rows: the greedy rows' choice, as torch.argmax picks it (the first maximum; a NaN counts
+// as the largest, the first one wins), one pass per row in parallel over the rows: torch's CPU
+// argmax over the last dimension runs its rows in one thread and took 2 ms at 32 x 49152, a tenth
+// of a decode step.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -19,6 +23,8 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -95,7 +101,51 @@ int64_t draw_row(const float* p, int64_t vocab, float u, std::vector<float>& sum
   return chosen * kBlock + n - 1;  // not reached: the block has mass
 }
 
+// torch.argmax of one row: the first NaN where there is one, else the first maximum
+int64_t argmax_row(const float* x, int64_t n) {
+  int64_t i = 0;
+  float best = -std::numeric_limits<float>::infinity();
+#if defined(__AVX512F__)
+  __m512 running = _mm512_set1_ps(best);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) break;  // the scalar scan finds the NaN
+    running = _mm512_max_ps(running, v);
+  }
+  best = _mm512_reduce_max_ps(running);
+#endif
+  for (; i < n; ++i) {  // a tail past the vectors, or from the vector holding a NaN on
+    if (std::isnan(x[i])) return i;
+    best = std::max(best, x[i]);
+  }
+  // the first index holding the maximum (n > 0, so one does)
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  const __m512 bv = _mm512_set1_ps(best);
+  for (; j + 16 <= n; j += 16) {
+    const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), bv, _CMP_EQ_OQ);
+    if (hit) return j + __builtin_ctz(hit);
+  }
+#endif
+  while (x[j] != best) ++j;
+  return j;
+}
+
 }  // namespace
+
+at::Tensor argmax_rows(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.size(1) > 0,
+              "argmax_rows: logits [rows, vocab] float32");
+  const at::Tensor x = logits.contiguous();
+  const int64_t rows = x.size(0), vocab = x.size(1);
+  at::Tensor out = at::empty({rows}, at::TensorOptions().dtype(at::kLong));
+  const float* xp = x.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) op[r] = argmax_row(xp + r * vocab, vocab);
+  });
+  return out;
+}
 
 at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& u) {
   TORCH_CHECK(probs.dim() == 2 && probs.scalar_type() == at::kFloat && u.scalar_type() == at::kFloat &&
