@@ -21,6 +21,7 @@
 #include <ATen/Parallel.h>
 
 #include "kv_int8.h"
+#include "parallel.h"
 #include "vec16.h"
 
 #include <algorithm>
@@ -474,7 +475,7 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
   float* accp = acc.data_ptr<float>();
   float* maxp = maxes.data_ptr<float>();
   float* sump = sums.data_ptr<float>();
-  at::parallel_for(0, num_splits * num_kv_heads, 1, [&](int64_t lo, int64_t hi) {
+  llm_serve::parallel_for(0, num_splits * num_kv_heads, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t item = lo; item < hi; ++item) {
       const int64_t split = item / num_kv_heads, h = item % num_kv_heads;
       const int64_t seq = std::upper_bound(first_split.begin(), first_split.end(), split) - first_split.begin() - 1;
@@ -490,7 +491,7 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
   // merge each sequence's splits in order (in one thread for a few sequences: a parallel region
   // costs more than their merge)
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, num_seqs * num_kv_heads, 16, [&](int64_t lo, int64_t hi) {
+  llm_serve::parallel_for(0, num_seqs * num_kv_heads, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t item = lo; item < hi; ++item) {
       const int64_t seq = item / num_kv_heads, h = item % num_kv_heads;
       for (int64_t g = 0; g < group; ++g) {

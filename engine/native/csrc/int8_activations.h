@@ -3,7 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include "vec16.h"
 
@@ -27,7 +27,7 @@ void quantize_rows(const In* x, int64_t M, int64_t K, Activations& a) {
   a.q.resize(M * K);
   a.scale.resize(M * G);
   a.offset.resize(M * G);
-  at::parallel_for(0, M * G, 64, [&](int64_t lo, int64_t hi) {
+  llm_serve::parallel_for(0, M * G, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const In* xg = x + i * kActivationGroup;
       const __m512 v0 = load16(xg), v1 = load16(xg + 16);

@@ -16,7 +16,7 @@
 // term), is exact in int32, and meets dx in one float32 FMA per group; the sums over groups run
 // in order, so a row's result does not depend on the batch it is in.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include "int8_activations.h"
 #include "vec16.h"
@@ -95,7 +95,7 @@ void run(const In* x, const uint8_t* w, const float* w_scale, int64_t M, int64_t
   quantize_rows(x, M, K, a);
   const int64_t vectors = N / kVector, tiles = (vectors + kTileVectors - 1) / kTileVectors;
   // a thread takes whole tiles: each tile's weights (K x 48 bytes) stay in L1/L2 over the rows
-  at::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+  llm_serve::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t v0 = t * kTileVectors;
       switch (std::min<int64_t>(kTileVectors, vectors - v0)) {

@@ -17,7 +17,7 @@
 // shift give the 16 x 4 codes that one VPDPBUSD takes against 4 activations broadcast.
 //   codes uint8 [N/16, K/32, 4, 64]; scales, mins float16 [N/16, K/32, 16]
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include "int8_activations.h"
 #include "kernels.h"
@@ -81,7 +81,7 @@ void run(const In* x, const uint8_t* codes, const at::Half* scales, const at::Ha
   llm_serve::Activations a;
   llm_serve::quantize_rows(x, M, K, a);
   // a thread takes whole tiles; a tile's codes (K / 2 x 16 bytes) stay in L1/L2 over its rows
-  at::parallel_for(0, N / kOutputs, 2, [&](int64_t lo, int64_t hi) {
+  llm_serve::parallel_for(0, N / kOutputs, 2, [&](int64_t lo, int64_t hi) {
     for (int64_t tile = lo; tile < hi; ++tile) {
       int64_t r = 0;
       for (; r + kMaxRows <= M; r += kMaxRows) tile_rows<kMaxRows>(a, codes, scales, mins, K, tile, r, out, N);

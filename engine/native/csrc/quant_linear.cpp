@@ -20,7 +20,7 @@
 // over the groups in order, reduced in a fixed order, so a row's result does not depend on the
 // batch it is in.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include "vec16.h"
 
@@ -200,7 +200,7 @@ void panel_scalar(const float* x, int64_t M, int64_t K, const Weights& w, int64_
 // panel's codes stay in L1 between them).
 template <Format F, typename In, typename Out>
 void run(const In* x, const float* group_sums, int64_t M, int64_t K, const Weights& w, int64_t N, Out* out) {
-  at::parallel_for(0, N / kPanel, 4, [&](int64_t lo, int64_t hi) {
+  llm_serve::parallel_for(0, N / kPanel, 4, [&](int64_t lo, int64_t hi) {
     for (int64_t p = lo; p < hi; ++p) {
 #if defined(__AVX512F__)
       int64_t r = 0;

@@ -8,7 +8,7 @@
 // weight [hidden]. Each row is reduced on its own in a fixed order, so a row's result does not
 // depend on the other rows.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include "vec16.h"
 
@@ -46,7 +46,7 @@ void rms_norm_row_avx512(const T* xr, const T* rr, const T* weight, T* o, T* sr,
 template <typename T>
 void rms_norm_rows(const T* x, const T* residual, const T* weight, T* out, T* sum_out, int64_t rows,
                    int64_t hidden, float eps) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / hidden), [&](int64_t lo, int64_t hi) {
+  llm_serve::parallel_for(0, rows, std::max<int64_t>(1, 4096 / hidden), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
 #if defined(__AVX512F__)
       if (hidden % 16 == 0) {

@@ -12,7 +12,7 @@
 // Returns the rotated q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] (contiguous;
 // k is also what a cache in qk's dtype now holds).
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include "kv_int8.h"
 #include "vec16.h"
@@ -65,7 +65,7 @@ void rope_write(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos
   C* vc = v_cache.data_ptr<C>();
   T* qo = q_out.data_ptr<T>();
   T* ko = k_out.data_ptr<T>();
-  at::parallel_for(0, tokens, 16, [&](int64_t lo, int64_t hi) {
+  llm_serve::parallel_for(0, tokens, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t slot = slots[t];
       const T* c = cp + t * head_dim;

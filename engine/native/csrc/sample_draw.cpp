@@ -14,7 +14,7 @@
 // argmax over the last dimension runs its rows in one thread and took 2 ms at 32 x 49152, a tenth
 // of a decode step.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include "kernels.h"
 
@@ -141,7 +141,7 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
   at::Tensor out = at::empty({rows}, at::TensorOptions().dtype(at::kLong));
   const float* xp = x.data_ptr<float>();
   int64_t* op = out.data_ptr<int64_t>();
-  at::parallel_for(0, rows, 4, [&](int64_t lo, int64_t hi) {
+  llm_serve::parallel_for(0, rows, 4, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) op[r] = argmax_row(xp + r * vocab, vocab);
   });
   return out;
@@ -157,7 +157,7 @@ at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& u) {
   const float* pp = p.data_ptr<float>();
   const float* up = uu.data_ptr<float>();
   int64_t* op = out.data_ptr<int64_t>();
-  at::parallel_for(0, rows, 8, [&](int64_t lo, int64_t hi) {
+  llm_serve::parallel_for(0, rows, 8, [&](int64_t lo, int64_t hi) {
     std::vector<float> sums;
     for (int64_t r = lo; r < hi; ++r) op[r] = draw_row(pp + r * vocab, vocab, up[r], sums);
   });
@@ -179,7 +179,7 @@ at::Tensor nucleus_ok(const at::Tensor& probs, const at::Tensor& token, const c1
   const float* pp = p.data_ptr<float>();
   const int64_t* tk = tok.data_ptr<int64_t>();
   bool* okp = ok.data_ptr<bool>();
-  at::parallel_for(0, rows, 8, [&](int64_t lo, int64_t hi) {
+  llm_serve::parallel_for(0, rows, 8, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* row = pp + r * vocab;
       const int64_t t = tk[r];

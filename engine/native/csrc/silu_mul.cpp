@@ -5,7 +5,7 @@
 //
 // Shapes: x [rows, 2 * width] = [gate | up], contiguous; out [rows, width] in x's dtype.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include "vec16.h"
 
@@ -22,7 +22,7 @@ using llm_serve::store16;
 
 template <typename T>
 void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / width), [&](int64_t lo, int64_t hi) {
+  llm_serve::parallel_for(0, rows, std::max<int64_t>(1, 8192 / width), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const T* gate = x + r * 2 * width;
       const T* up = gate + width;
