@@ -1,4 +1,7 @@
-"""Keep freed heap memory in the process instead of returning it to the OS after every step.
+"""The engine's host memory: freed heap memory kept in the process between steps, and the KV
+cache on transparent huge pages.
+
+Keep freed heap memory in the process instead of returning it to the OS after every step.
 
 torch's CPU tensors come from glibc's malloc. A step's large temporaries (a [batch, vocab]
 float32 tensor is 6 MB at 32 rows of a 49k vocabulary, and the sampler makes several) are freed
@@ -6,12 +9,23 @@ at the end of the step; glibc then trims the top of its heap, and the next step 
 pages in again: thousands of page faults and several milliseconds of system time per step.
 A fixed mmap threshold and a high trim threshold keep that memory mapped; allocations above the
 mmap threshold (the KV cache, weights) still get their own mapping.
+
+The KV cache on 2 MiB pages: a decode step reads each sequence's blocks (2 KiB per KV head of a
+16-token block of 64 bf16 dimensions) wherever the block manager put them, so on 4 KiB pages
+nearly every block is a new page and a page walk, and the hardware prefetcher stops at each page
+edge. Where the kernel leaves huge pages to madvise (`/sys/kernel/mm/transparent_hugepage/enabled`
+is "madvise", the common default), a buffer gets them only when asked before its pages are first
+touched; measured on 30 layers' caches with the blocks spread over the cache, 32 sequences of 190
+keys: 16.2 -> 12.2 ms of decode attention per step, of 1,100 keys 81.0 -> 66.6 ms.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import logging
+import sys
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -19,17 +33,44 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 TRIM_THRESHOLD_BYTES = 1 << 30
 MMAP_THRESHOLD_BYTES = 64 << 20
+HUGE_PAGE_BYTES = 2 << 20
+_MADV_HUGEPAGE = 14  # Linux
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name)
+    except (OSError, TypeError):
+        return None
 
 
 def keep_freed_memory() -> bool:
     """Set glibc's trim and mmap thresholds; False where the C library is not glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
         return False
     ok = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1 and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
     if not ok:
         logger.debug("mallopt refused the heap thresholds; freed memory may be returned after each step")
     return ok
+
+
+def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """torch.zeros(shape, dtype) on the CPU, the 2 MiB-aligned part of its memory advised to be
+    huge pages before it is zeroed (first touched); plain pages where the OS does not take the
+    advice (another OS, huge pages turned off), or where a buffer below the mmap threshold reuses
+    heap pages that were touched before."""
+    tensor = torch.empty(shape, dtype=dtype)
+    nbytes = tensor.numel() * tensor.element_size()
+    libc = _libc() if sys.platform == "linux" and nbytes >= HUGE_PAGE_BYTES else None
+    madvise = getattr(libc, "madvise", None)
+    if madvise is not None:
+        start = tensor.data_ptr()
+        first = -(-start // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES  # the first 2 MiB boundary inside
+        last = (start + nbytes) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+        if last > first:
+            madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            madvise(first, last - first, _MADV_HUGEPAGE)  # advice only: a refusal leaves 4 KiB pages
+    return tensor.zero_()

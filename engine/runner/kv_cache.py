@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention.kv_int8 import row_width
+from engine.malloc import zeros_on_huge_pages
 from engine.models.config import ModelArch
 
 
@@ -16,6 +17,9 @@ def bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> int
 
 def allocate_kv_caches(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype,
                        device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    # Zeroed so masked-out slots never hold NaN bit patterns (0 * NaN would poison attention).
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(num_layers)]
+    # Zeroed so masked-out slots never hold NaN bit patterns (0 * NaN would poison attention);
+    # on the CPU on huge pages (engine/malloc.py: a decode step reads blocks all over the cache).
+    def zeros() -> torch.Tensor:
+        return zeros_on_huge_pages(shape, dtype) if device.type == "cpu" else torch.zeros(shape, dtype=dtype,
+                                                                                          device=device)
+    return [(zeros(), zeros()) for _ in range(num_layers)]
