@@ -62,15 +62,14 @@ inline bool take_back(Share& share, int64_t& chunk) {
 // The chunks one thread runs: its own share's from the front, then the others' from their backs.
 class Chunks {
  public:
-  Chunks(std::vector<detail::Share>& shares, int self, int64_t begin, int64_t end, int64_t grain)
-      : shares_(shares), self_(self), begin_(begin), end_(end), grain_(grain) {}
+  Chunks(detail::Share* shares, int threads, int self, int64_t begin, int64_t end, int64_t grain)
+      : shares_(shares), threads_(threads), self_(self), begin_(begin), end_(end), grain_(grain) {}
 
   // the next chunk [lo, hi), or false when none is left
   bool next(int64_t& lo, int64_t& hi) {
-    const int threads = static_cast<int>(shares_.size());
     int64_t chunk;
-    for (; k_ < threads; ++k_) {
-      detail::Share& share = shares_[(self_ + k_) % threads];
+    for (; k_ < threads_; ++k_) {
+      detail::Share& share = shares_[(self_ + k_) % threads_];
       if (k_ == 0 ? detail::take_front(share, chunk) : detail::take_back(share, chunk)) {
         lo = begin_ + chunk * grain_;
         hi = std::min(end_, lo + grain_);
@@ -81,8 +80,8 @@ class Chunks {
   }
 
  private:
-  std::vector<detail::Share>& shares_;
-  int self_, k_ = 0;  // k_: which share is being taken from, counted from the thread's own
+  detail::Share* shares_;
+  int threads_, self_, k_ = 0;  // k_: which share is being taken from, counted from the thread's own
   int64_t begin_, end_, grain_;
 };
 
@@ -100,10 +99,15 @@ void parallel_chunks(int64_t begin, int64_t end, int64_t grain, const F& thread_
 #ifdef _OPENMP
   if (!omp_in_parallel()) threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), chunks));
 #endif
-  std::vector<detail::Share> shares(threads);
+  // on the stack for the usual thread counts (a heap allocation per call costs as much as the
+  // fork and join of a small kernel)
+  constexpr int kStackShares = 16;
+  detail::Share stack_shares[kStackShares];
+  std::vector<detail::Share> heap_shares(threads > kStackShares ? threads : 0);
+  detail::Share* shares = threads > kStackShares ? heap_shares.data() : stack_shares;
   if (threads == 1) {  // one chunk of everything
     shares[0].range.store(1, std::memory_order_relaxed);
-    Chunks mine(shares, 0, begin, end, n);
+    Chunks mine(shares, 1, 0, begin, end, n);
     thread_fn(mine);
     return;
   }
@@ -114,7 +118,7 @@ void parallel_chunks(int64_t begin, int64_t end, int64_t grain, const F& thread_
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
   {
-    Chunks mine(shares, omp_get_thread_num(), begin, end, grain);
+    Chunks mine(shares, threads, omp_get_thread_num(), begin, end, grain);
     thread_fn(mine);
   }
 #endif
