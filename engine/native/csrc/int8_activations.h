@@ -3,8 +3,8 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include "parallel.h"
 
+#include "parallel.h"
 #include "vec16.h"
 
 #include <cstdint>

@@ -16,9 +16,9 @@
 // term), is exact in int32, and meets dx in one float32 FMA per group; the sums over groups run
 // in order, so a row's result does not depend on the batch it is in.
 #include <ATen/ATen.h>
-#include "parallel.h"
 
 #include "int8_activations.h"
+#include "parallel.h"
 #include "vec16.h"
 
 #include <cstdint>

@@ -17,10 +17,10 @@
 // shift give the 16 x 4 codes that one VPDPBUSD takes against 4 activations broadcast.
 //   codes uint8 [N/16, K/32, 4, 64]; scales, mins float16 [N/16, K/32, 16]
 #include <ATen/ATen.h>
-#include "parallel.h"
 
 #include "int8_activations.h"
 #include "kernels.h"
+#include "parallel.h"
 
 #include <cstdint>
 

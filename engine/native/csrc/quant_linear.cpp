@@ -20,8 +20,8 @@
 // over the groups in order, reduced in a fixed order, so a row's result does not depend on the
 // batch it is in.
 #include <ATen/ATen.h>
-#include "parallel.h"
 
+#include "parallel.h"
 #include "vec16.h"
 
 #include <algorithm>

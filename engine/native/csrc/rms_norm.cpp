@@ -8,8 +8,8 @@
 // weight [hidden]. Each row is reduced on its own in a fixed order, so a row's result does not
 // depend on the other rows.
 #include <ATen/ATen.h>
-#include "parallel.h"
 
+#include "parallel.h"
 #include "vec16.h"
 
 #include <cmath>

@@ -12,9 +12,9 @@
 // Returns the rotated q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] (contiguous;
 // k is also what a cache in qk's dtype now holds).
 #include <ATen/ATen.h>
-#include "parallel.h"
 
 #include "kv_int8.h"
+#include "parallel.h"
 #include "vec16.h"
 
 #include <cstring>

@@ -5,8 +5,8 @@
 //
 // Shapes: x [rows, 2 * width] = [gate | up], contiguous; out [rows, width] in x's dtype.
 #include <ATen/ATen.h>
-#include "parallel.h"
 
+#include "parallel.h"
 #include "vec16.h"
 
 #include <cmath>
