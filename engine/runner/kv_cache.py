@@ -20,6 +20,8 @@ def allocate_kv_caches(num_layers: int, shape: tuple[int, ...], dtype: torch.dty
     # Zeroed so masked-out slots never hold NaN bit patterns (0 * NaN would poison attention);
     # on the CPU on huge pages (engine/malloc.py: a decode step reads blocks all over the cache).
     def zeros() -> torch.Tensor:
-        return zeros_on_huge_pages(shape, dtype) if device.type == "cpu" else torch.zeros(shape, dtype=dtype,
-                                                                                          device=device)
+        if device.type == "cpu":
+            return zeros_on_huge_pages(shape, dtype)
+        return torch.zeros(shape, dtype=dtype, device=device)
+
     return [(zeros(), zeros()) for _ in range(num_layers)]

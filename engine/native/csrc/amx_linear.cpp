@@ -124,61 +124,62 @@ void amx_linear_impl(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t*
     std::vector<uint8_t> storage(2 * G * kTileBytes + 64);
     uint8_t* b = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
     alignas(64) float c[4][kTileM * kTileN];
-    int64_t lo, hi;
-    while (chunks.next(lo, hi)) {
-      for (int64_t pair = lo; pair < hi; ++pair) {
-        const auto dequantize_group = [&](int64_t g) {
-          for (int s = 0; s < 2; ++s) {
-            const int64_t tile = (2 * pair + s) * G + g;
-            const uint8_t* ahead = codes + (tile + kPrefetchTiles) * tile_code_bytes;
-            for (int64_t off = 0; off < tile_code_bytes; off += 64)
-              _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
-            dequantize_tile<F>(codes + tile * tile_code_bytes, scales + tile * kTileN,
-                               F == Format::kQ4_1 ? mins + tile * kTileN : nullptr, b + (s * G + g) * kTileBytes);
+    // one pair of 16-output tiles over every row
+    const auto run_pair = [&](int64_t pair) {
+      const auto dequantize_group = [&](int64_t g) {
+        for (int s = 0; s < 2; ++s) {
+          const int64_t tile = (2 * pair + s) * G + g;
+          const uint8_t* ahead = codes + (tile + kPrefetchTiles) * tile_code_bytes;
+          for (int64_t off = 0; off < tile_code_bytes; off += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
+          dequantize_tile<F>(codes + tile * tile_code_bytes, scales + tile * kTileN,
+                             F == Format::kQ4_1 ? mins + tile * kTileN : nullptr, b + (s * G + g) * kTileBytes);
+        }
+      };
+      // each group's tiles de-quantized just before the matrix unit first takes them (for the first
+      // 32 rows), so the vector units make the next group's while the tile multiplies run; later
+      // rows read them from the buffer
+      for (int64_t m0 = 0; m0 < padded_m; m0 += 2 * kTileM) {
+        const bool two = m0 + kTileM < padded_m;
+        _tile_zero(4);
+        _tile_zero(5);
+        _tile_zero(6);
+        _tile_zero(7);
+        const at::BFloat16* a0 = xa + m0 * K;
+        for (int64_t g = 0; g < G; ++g) {
+          if (m0 == 0) dequantize_group(g);
+          _tile_loadd(0, a0 + g * kGroup, x_stride);
+          _tile_loadd(2, b + g * kTileBytes, 64);
+          _tile_loadd(3, b + (G + g) * kTileBytes, 64);
+          _tile_dpbf16ps(4, 0, 2);
+          _tile_dpbf16ps(5, 0, 3);
+          if (two) {
+            _tile_loadd(1, a0 + kTileM * K + g * kGroup, x_stride);
+            _tile_dpbf16ps(6, 1, 2);
+            _tile_dpbf16ps(7, 1, 3);
           }
-        };
-        // each group's tiles de-quantized just before the matrix unit first takes them (for the first
-        // 32 rows), so the vector units make the next group's while the tile multiplies run; later
-        // rows read them from the buffer
-        for (int64_t m0 = 0; m0 < padded_m; m0 += 2 * kTileM) {
-          const bool two = m0 + kTileM < padded_m;
-          _tile_zero(4);
-          _tile_zero(5);
-          _tile_zero(6);
-          _tile_zero(7);
-          const at::BFloat16* a0 = xa + m0 * K;
-          for (int64_t g = 0; g < G; ++g) {
-            if (m0 == 0) dequantize_group(g);
-            _tile_loadd(0, a0 + g * kGroup, x_stride);
-            _tile_loadd(2, b + g * kTileBytes, 64);
-            _tile_loadd(3, b + (G + g) * kTileBytes, 64);
-            _tile_dpbf16ps(4, 0, 2);
-            _tile_dpbf16ps(5, 0, 3);
-            if (two) {
-              _tile_loadd(1, a0 + kTileM * K + g * kGroup, x_stride);
-              _tile_dpbf16ps(6, 1, 2);
-              _tile_dpbf16ps(7, 1, 3);
-            }
-          }
-          _tile_stored(4, c[0], 64);
-          _tile_stored(5, c[1], 64);
-          _tile_stored(6, c[2], 64);
-          _tile_stored(7, c[3], 64);
-          for (int t = 0; t < (two ? 4 : 2); ++t) {
-            const int64_t r0 = m0 + (t / 2) * kTileM, n0 = (2 * pair + t % 2) * kTileN;
-            for (int64_t r = 0; r < kTileM && r0 + r < M; ++r) {
-              Out* dst = out + (r0 + r) * N + n0;
-              const float* src = c[t] + r * kTileN;
-              if constexpr (std::is_same_v<Out, float>)
-                _mm512_storeu_ps(dst, _mm512_load_ps(src));
-              else
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
-                                    reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(src))));
-            }
+        }
+        _tile_stored(4, c[0], 64);
+        _tile_stored(5, c[1], 64);
+        _tile_stored(6, c[2], 64);
+        _tile_stored(7, c[3], 64);
+        for (int t = 0; t < (two ? 4 : 2); ++t) {
+          const int64_t r0 = m0 + (t / 2) * kTileM, n0 = (2 * pair + t % 2) * kTileN;
+          for (int64_t r = 0; r < kTileM && r0 + r < M; ++r) {
+            Out* dst = out + (r0 + r) * N + n0;
+            const float* src = c[t] + r * kTileN;
+            if constexpr (std::is_same_v<Out, float>)
+              _mm512_storeu_ps(dst, _mm512_load_ps(src));
+            else
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                                  reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(src))));
           }
         }
       }
-    }
+    };
+    int64_t lo, hi;
+    while (chunks.next(lo, hi))
+      for (int64_t pair = lo; pair < hi; ++pair) run_pair(pair);
     _tile_release();
   });
 }

@@ -11,8 +11,8 @@
 // is at least min_p x the row's top probability).
 // argmax_rows: the greedy rows' choice, as torch.argmax picks it (the first maximum; a NaN counts
 // as the largest, the first one wins), one pass per row in parallel over the rows: torch's CPU
-// argmax over the last dimension runs its rows in one thread and took 2 ms at 32 x 49152, a tenth
-// of a decode step.
+// argmax over the last dimension runs its rows in one thread: 1.07 ms at 32 x 49152 (0.11 here), a
+// twentieth of a decode step.
 #include <ATen/ATen.h>
 
 #include "kernels.h"
