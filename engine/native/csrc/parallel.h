@@ -11,7 +11,9 @@
 // Each share is one atomic word, (front << 32) | back, in chunks of `grain` items: its owner
 // takes chunks from the front (in order, as a static split runs them, so the hardware prefetcher
 // sees the same streams), the others from the back once their own share is done. Which thread
-// runs a chunk never changes what the chunk computes, so results stay bitwise the same.
+// runs a chunk never changes what the chunk computes, so results stay bitwise the same. A claim
+// costs ~40 ns (an empty loop of 96 chunks on two threads: 4.5 us against 0.9 for 2), so a chunk
+// should be a microsecond or more of work.
 #pragma once
 
 #include <ATen/Parallel.h>
