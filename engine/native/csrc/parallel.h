@@ -12,8 +12,9 @@
 // takes chunks from the front (in order, as a static split runs them, so the hardware prefetcher
 // sees the same streams), the others from the back once their own share is done. Which thread
 // runs a chunk never changes what the chunk computes, so results stay bitwise the same. A claim
-// costs ~40 ns (an empty loop of 96 chunks on two threads: 4.5 us against 0.9 for 2), so a chunk
-// should be a microsecond or more of work.
+// costs ~40 ns (an empty loop of 96 chunks on two threads: 4.5 us against 0.9 for 2): the codes
+// kernel's chunks of 4 panels (~0.5 us at one row) pay a few percent for it, and chunks of 16
+// lost more (batch-1 decode 0.87x) to shares of a few coarse chunks.
 #pragma once
 
 #include <ATen/Parallel.h>
