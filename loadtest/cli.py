@@ -7,13 +7,13 @@ Ctrl-C (partial results are still printed and written).
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import sys
 from pathlib import Path
 
 from loadtest.client import Endpoint
 from loadtest.config import LoadTestConfig, config_from_args
+from loadtest.event_loop import run_event_loop
 from loadtest.prompts import PromptSource
 from loadtest.report import format_tables, run_record, write_json
 from loadtest.runner import RunState, level_label, planned_requests, run_load
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtest") -> int
     state = RunState()
     _describe_plan(config, endpoints, planned_requests(config, len(endpoints)), out_dir)
     try:
-        asyncio.run(run_load(config, endpoints, prompts, state))
+        run_event_loop(run_load(config, endpoints, prompts, state))
     except KeyboardInterrupt:
         state.stopped_reason = "interrupted"
 

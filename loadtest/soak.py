@@ -30,6 +30,7 @@ import httpx
 
 from common.cli_args import add_dataclass_args, dataclass_from_args, opt
 from loadtest.config import parse_pairs
+from loadtest.event_loop import run_event_loop
 from loadtest.process_stats import listening_pid, sample_tree
 from loadtest.server_gauges import read_gauges
 from loadtest.soak_report import Sample, format_sample, report, write_outputs
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtest soak") -
           f"{config.mix}, sampling every {config.sample_interval:g} s (server pid {pid}); results in {out_dir}")
     state = SoakState()
     try:
-        asyncio.run(run_soak(config, model, pid, state))
+        run_event_loop(run_soak(config, model, pid, state))
     except KeyboardInterrupt:
         print("interrupted: the report covers what ran so far", file=sys.stderr)
     summary = report(state.samples, state.outcomes, config.duration)
