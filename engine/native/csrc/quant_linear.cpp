@@ -48,26 +48,7 @@ struct Weights {
   int64_t groups;  // K / 32
 };
 
-// Steps ahead of the one being multiplied whose codes (every line of the step) and scales / mins
-// are requested from memory first (4 KiB of codes ahead). The hardware prefetcher alone leaves a
-// kernel waiting for memory at every start of its small matrices (0.2-1.1 MB) and streams: at one
-// row a decode step took 8.6 ms requesting one line of a step 4 steps ahead, 6.5 ms requesting all
-// of them and the scales 16 ahead (medians of 12 alternating rounds in one process; 24 steps
-// ahead 6.7, 32 6.8, 48 7.1).
-constexpr int64_t kPrefetchSteps = 16;
-
 #if defined(__AVX512F__)
-// step `step` of panel p (past the panel's last step: the next panel's, as the layout runs on)
-template <Format F>
-inline void prefetch_step(const Weights& w, int64_t p, int64_t step) {
-  constexpr int G = groups_per_step<F>();
-  const char* codes = reinterpret_cast<const char*>(w.codes + (p * (w.groups / G) + step) * kPanel * kStepBytes);
-  for (int64_t line = 0; line < kPanel * kStepBytes; line += 64) _mm_prefetch(codes + line, _MM_HINT_T0);
-  const int64_t pg = p * w.groups + step * G;
-  _mm_prefetch(reinterpret_cast<const char*>(w.scales + pg * kPanel), _MM_HINT_T0);
-  if constexpr (F == Format::kQ4_1) _mm_prefetch(reinterpret_cast<const char*>(w.mins + pg * kPanel), _MM_HINT_T0);
-}
-
 // 8 float16 values as float32 lanes 0..7 of a 512-bit vector (8..15 are zero)
 inline __m512 load8_halves(const at::Half* p) {
   return _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -101,7 +82,7 @@ inline void panel_f32(const float* x, int64_t K, const Weights& w, int64_t p, Ou
     for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
   for (int64_t t = 0; t < steps; ++t) {
     const uint8_t* codes = w.codes + (p * steps + t) * kPanel * kStepBytes;
-    prefetch_step<F>(w, p, t + kPrefetchSteps);
+    _mm_prefetch(reinterpret_cast<const char*>(codes + 4 * kPanel * kStepBytes), _MM_HINT_T0);
     for (int i = 0; i < G; ++i) {
       const int64_t g = t * G + i, pg = p * w.groups + g;
       const __m512 d8 = load8_halves(w.scales + pg * kPanel);
@@ -166,7 +147,7 @@ inline void panel_bf16(const at::BFloat16* x, const float* group_sums, int64_t K
       for (int r = 0; r < R; ++r) xg[i][r] = _mm512_loadu_si512(x + r * K + g * kGroup);
     }
     const uint8_t* codes = w.codes + (p * steps + t) * kPanel * kStepBytes;
-    prefetch_step<F>(w, p, t + kPrefetchSteps);
+    _mm_prefetch(reinterpret_cast<const char*>(codes + 4 * kPanel * kStepBytes), _MM_HINT_T0);
     for (int j = 0; j < kPanel; ++j) {
       __m512i q[G];
       decode_bf16<F>(codes + j * kStepBytes, table, q);
