@@ -2,8 +2,8 @@
 
 The load generator shares the machine with the server it measures. On asyncio's selector loop
 it slowed our server by a quarter at concurrency 32 on 2 cores (TPOT median 47.3 vs 35.8 ms,
-the same server, one run after the other) while using about the same CPU time: what it costs
-the server is how often it wakes and preempts the engine's threads, and uvloop wakes less.
+the same server, one run after the other) while using about the same CPU time, so what it
+costs the server is most likely how often it wakes and preempts the engine's threads.
 """
 from __future__ import annotations
 
