@@ -68,10 +68,10 @@ class GroupCodes:
         return torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1)
 
     def panels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(codes, scales, mins) in the native kernel's layout: panels of 8 output rows in steps of
-        32 bytes per row ([out / 8, steps, 8, 32]; Q4_1: two groups per step, group 2s in the low
-        nibbles and 2s + 1 in the high ones; Q8_0: one group) and [out / 8, in / 32, 8]; an empty
-        float16 tensor for Q8_0's mins."""
+        """(codes, scales, mins) in the native kernel's layout (quant_linear.cpp): panels of 8 output
+        rows in steps of 32 bytes per row ([out / 8, steps, 8, 32]; Q8_0: a row's group per step;
+        Q4_1: two groups per step, each row pair's 64 bytes 32 words of four nibbles) and
+        [out / 8, in / 32, 8]; an empty float16 tensor for Q8_0's mins."""
         out, inputs = self.shape
         assert self.panel_ready, f"{self.shape}: needs a multiple of {PANEL} outputs and an even number of groups"
         groups = inputs // GROUP
@@ -79,12 +79,24 @@ class GroupCodes:
         def panel(t: torch.Tensor) -> torch.Tensor:
             return t.view(out // PANEL, PANEL, t.shape[1], -1).transpose(1, 2).contiguous()
 
-        codes = self.codes.view(out, groups, -1)
+        codes = panel(self.codes.view(out, groups, -1))
         if self.format == "q4_1":
-            q = self._q4_values().view(out, groups // 2, 2, GROUP)
-            codes = q[:, :, 0] | (q[:, :, 1] << 4)  # [out, groups / 2, 32]
+            codes = self._q4_words()
         mins = torch.empty(0, dtype=torch.float16) if self.mins is None else panel(self.mins).squeeze(-1)
-        return panel(codes), panel(self.scales).squeeze(-1), mins
+        return codes, panel(self.scales).squeeze(-1), mins
+
+    def _q4_words(self) -> torch.Tensor:
+        """Q4_1 codes as quant_linear.cpp's words, uint8 [out / 8, in / 64, 8, 32]: in step s, row
+        pair (2h, 2h + 1)'s word w is row 2h + (w >> 1 & 1) at position e = 2 (w >> 2) + (w & 1), its
+        nibbles group 2s's elements e and e + 16, then group 2s + 1's."""
+        out, inputs = self.shape
+        # [panel, pair h, row in pair, step, group in step, half, e] -> nibble index 2 * group + half
+        q = self._q4_values().view(out // PANEL, PANEL // 2, 2, inputs // 64, 2, 2, 16).to(torch.int32)
+        words = q[..., 0, 0, :] | (q[..., 0, 1, :] << 4) | (q[..., 1, 0, :] << 8) | (q[..., 1, 1, :] << 12)
+        # [panel, h, row, step, e] -> [panel, step, h, e // 2, row, e % 2]
+        words = words.view(out // PANEL, PANEL // 2, 2, inputs // 64, 8, 2).permute(0, 3, 1, 4, 2, 5)
+        words = words.reshape(out // PANEL, inputs // 64, PANEL // 2, 32).to(torch.int16).contiguous()
+        return words.view(torch.uint8).view(out // PANEL, inputs // 64, PANEL, 32)
 
     def int8_tiles(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q4_1 (codes, scales, mins) in q4_int8_linear.cpp's layout: tiles of 16 outputs by one

@@ -12,6 +12,8 @@
 """
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -68,6 +70,21 @@ def test_quant_linear_matches_float64(fmt, dtype, tol, out, inputs):
             assert got.dtype == (torch.float32 if float32_out else dtype) and got.shape == (rows, out)
             err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
             assert err < tol, (rows, float32_out, err)
+
+
+def test_q4_words_hold_each_code_where_the_layout_says():
+    """Q4_1's words, decoded by the layout's own rule (which the scalar kernel follows): step s,
+    row pair h, word w -> row 8p + 2h + (w >> 1 & 1), position e = 2 (w >> 2) + (w & 1), nibble k ->
+    group 2s + k // 2, element e + 16 (k % 2)."""
+    codes = _random_codes("q4_1", 16, 128, seed=7)
+    values = codes._q4_values()  # [out, groups, 32]
+    words = codes.panels()[0].view(torch.int16).view(2, 2, 4, 32)  # [panel, step, pair, word]
+    places = itertools.product(range(2), range(2), range(4), range(32))
+    for (p, s, h, w), word in zip(places, words.flatten().tolist(), strict=True):
+        word &= 0xFFFF
+        row, e = 8 * p + 2 * h + (w >> 1 & 1), 2 * (w >> 2) + (w & 1)
+        for k in range(4):
+            assert (word >> 4 * k) & 0x0F == values[row, 2 * s + k // 2, e + 16 * (k % 2)], (p, s, h, w, k)
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
