@@ -27,7 +27,7 @@ from engine.models.batch_invariance import describe_invariance
 from engine.models.gguf_codes import gguf_file, read_group_codes
 from engine.models.int8_linear import use_int8_weights
 from engine.models.group_quantized import describe_batch_methods, measure_batch_methods, use_group_codes
-from engine.models.linear import LinearMethod, probe_batch_invariance, weight_bytes_per_element
+from engine.models.linear import LinearMethod, probe_batch_invariance, weight_bytes_per_element, weights_on_huge_pages
 from engine.models.layers import RMSNorm
 from engine.models.llama import MLP
 from engine.models.loader import load_model
@@ -75,6 +75,10 @@ class LLMEngine(EngineCore):
             logger.info("--quantization int8: linear layers as int8 (per output channel) x int8 activations (per "
                         "group of 32); dense: %s", ", ".join(others) or "none")
         self.quantized = self._use_gguf_codes(config, native_kernels)
+        if self.device.type == "cpu":  # the kernels' weights, read at every step: a page walk per 4 KiB otherwise
+            moved = weights_on_huge_pages(self.model)
+            if moved:
+                logger.info("the kernels' weights (%.1f MB) copied into one buffer advised to huge pages", moved / 1e6)
         # how batch-invariant rows go through each linear shape (engine/models/batch_invariance.py)
         invariance = probe_batch_invariance(self.model, self.dtype, self.device, config.max_num_batched_tokens,
                                             config.max_num_batched_tokens)

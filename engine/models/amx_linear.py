@@ -38,6 +38,9 @@ class AmxCodesMethod(LinearMethod):
     def weight_bytes_read(self, layer: Linear, rows: int, dtype: torch.dtype) -> int:
         return self.nbytes
 
+    def kernel_tensors(self) -> dict[str, torch.Tensor]:
+        return {"codes": self.codes, "scales": self.scales, "mins": self.mins}
+
 
 def amx_ready(native: ModuleType, codes: GroupCodes) -> bool:
     return native.amx_linear_available() and codes.amx_tiles_ready

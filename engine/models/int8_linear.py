@@ -62,6 +62,9 @@ class Int8LinearMethod(LinearMethod):
     def weight_bytes_read(self, layer: Linear, rows: int, dtype: torch.dtype) -> int:
         return self.codes.numel() + self.scales.numel() * self.scales.element_size()
 
+    def kernel_tensors(self) -> dict[str, torch.Tensor]:
+        return {"codes": self.codes, "scales": self.scales}
+
 
 def use_int8_weights(model: torch.nn.Module, native: ModuleType, rest: LinearMethod) -> list[str]:
     """--quantization int8 on dense weights (lossy, opt-in): every linear layer without a bias whose

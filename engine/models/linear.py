@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.malloc import pack_on_huge_pages
 from engine.models.batch_invariance import apply_in_tiles, invariant_rows_start, probe_min_rows
 
 
@@ -51,6 +52,16 @@ class LinearMethod:
         """float32 outputs accumulated in float32 from unrounded weights, where the method has
         them at no extra cost (an LM head then needs no tie refinement); None: it has not."""
         return None
+
+    def kernel_tensors(self) -> dict[str, torch.Tensor]:
+        """The weight tensors a native kernel of this method reads at every step, by name (the
+        engine copies them onto huge pages: weights_on_huge_pages); none for the torch methods."""
+        return {}
+
+    def set_kernel_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Take copies of kernel_tensors() in their place."""
+        for name, tensor in tensors.items():
+            setattr(self, name, tensor)
 
 
 class OneDnnPackedMethod(LinearMethod):
@@ -181,3 +192,18 @@ def probe_batch_invariance(model: nn.Module, dtype: torch.dtype, device: torch.d
         if layer.invariant_min_rows != 1:
             special[name] = layer.invariant_min_rows
     return special
+
+
+def weights_on_huge_pages(model: nn.Module) -> int:
+    """Every linear layer's kernel tensors (LinearMethod.kernel_tensors) copied into one buffer on
+    2 MiB pages (engine/malloc.py); returns their bytes. Call it once the methods are final and
+    before anything keeps references to the old tensors (the native decode layers)."""
+    methods = list({id(m.method): m.method for m in model.modules() if isinstance(m, Linear)}.values())
+    named = [method.kernel_tensors() for method in methods]
+    tensors = [t for tensors in named for t in tensors.values()]
+    if not tensors:
+        return 0
+    copies = iter(pack_on_huge_pages(tensors))
+    for method, tensors_of in zip(methods, named, strict=True):
+        method.set_kernel_tensors({name: next(copies) for name in tensors_of})
+    return sum(t.numel() * t.element_size() for t in tensors)
