@@ -48,6 +48,7 @@ constexpr int64_t kPanel = 8;  // output rows per panel
 enum class Format { kQ4_1, kQ8_0 };
 
 constexpr int64_t kStepBytes = 32;  // per row per step, both formats
+constexpr int64_t kPrefetchSteps = 8;  // Q4_1 bf16: how far ahead the codes are requested
 template <Format F>
 constexpr int groups_per_step() { return F == Format::kQ4_1 ? 2 : 1; }
 
@@ -211,7 +212,12 @@ inline void panel_q4_bf16(const at::BFloat16* x, const float* group_sums, int64_
       }
     }
     const auto* codes = reinterpret_cast<const uint16_t*>(w.codes + (p * steps + t) * kPanel * kStepBytes);
-    _mm_prefetch(reinterpret_cast<const char*>(codes) + 4 * kPanel * kStepBytes, _MM_HINT_T0);
+    // every line of the step kPrefetchSteps ahead, and its scales and mins: the hardware prefetcher
+    // starts over at each 4 KiB
+    const char* ahead = reinterpret_cast<const char*>(codes) + kPrefetchSteps * kPanel * kStepBytes;
+    for (int line = 0; line < kPanel * kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w.scales + (p * w.groups + 2 * (t + kPrefetchSteps)) * kPanel), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w.mins + (p * w.groups + 2 * (t + kPrefetchSteps)) * kPanel), _MM_HINT_T0);
     for (int h = 0; h < kPanel / 2; ++h) {
       const __m512i words = _mm512_loadu_si512(codes + h * 32);
       __m512bh q[4];
