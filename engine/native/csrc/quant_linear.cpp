@@ -48,7 +48,7 @@ constexpr int64_t kPanel = 8;  // output rows per panel
 enum class Format { kQ4_1, kQ8_0 };
 
 constexpr int64_t kStepBytes = 32;  // per row per step, both formats
-constexpr int64_t kPrefetchSteps = 8;  // Q4_1 bf16: how far ahead the codes are requested
+constexpr int64_t kPrefetchSteps = 8;  // bf16 inputs: how many steps ahead the codes are requested
 template <Format F>
 constexpr int groups_per_step() { return F == Format::kQ4_1 ? 2 : 1; }
 
@@ -158,7 +158,9 @@ inline void panel_q8_bf16(const at::BFloat16* x, int64_t K, const Weights& w, in
     __m512i xg[R];
     for (int r = 0; r < R; ++r) xg[r] = _mm512_loadu_si512(x + r * K + g * kGroup);
     const uint8_t* codes = w.codes + pg * kPanel * kStepBytes;
-    _mm_prefetch(reinterpret_cast<const char*>(codes + 4 * kPanel * kStepBytes), _MM_HINT_T0);
+    const char* ahead = reinterpret_cast<const char*>(codes) + kPrefetchSteps * kPanel * kStepBytes;
+    for (int line = 0; line < kPanel * kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w.scales + (pg + kPrefetchSteps) * kPanel), _MM_HINT_T0);
     for (int j = 0; j < kPanel; ++j) {
       const auto* q8 = reinterpret_cast<const __m128i*>(codes + j * kStepBytes);
       const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q8)));
