@@ -48,7 +48,7 @@ constexpr int64_t kPanel = 8;  // output rows per panel
 enum class Format { kQ4_1, kQ8_0 };
 
 constexpr int64_t kStepBytes = 32;  // per row per step, both formats
-constexpr int64_t kPrefetchSteps = 8;  // bf16 inputs: how many steps ahead the codes are requested
+constexpr int64_t kPrefetchSteps = 16;  // bf16 inputs: how many steps ahead the codes are requested
 template <Format F>
 constexpr int groups_per_step() { return F == Format::kQ4_1 ? 2 : 1; }
 
