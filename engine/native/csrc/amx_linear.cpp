@@ -42,7 +42,7 @@ constexpr int64_t kGroup = 32;
 constexpr int64_t kTileN = 16;    // outputs per B tile
 constexpr int64_t kTileM = 16;    // rows per A and C tile
 constexpr int64_t kTileBytes = 1024;  // 16 rows x 64 bytes: every tile here
-constexpr int64_t kPrefetchTiles = 12;
+constexpr int64_t kPrefetchTiles = 24;
 
 #if defined(LLM_SERVE_AMX)
 // Linux hands a process the AMX tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
