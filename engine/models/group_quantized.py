@@ -109,23 +109,21 @@ class GroupQuantizedMethod(LinearMethod):
     def weight_bytes_read(self, layer: Linear, rows: int, dtype: torch.dtype) -> int:
         return self.nbytes if rows <= self.max_rows else self.batch.weight_bytes_read(layer, rows, dtype)
 
-    # the codes (and their int8-activation layout), then the batch method's as "batch.<name>"
     _INT8_NAMES = ("int8_codes", "int8_scales", "int8_mins")
 
     def kernel_tensors(self) -> dict[str, torch.Tensor]:
         tensors = {"codes": self.codes, "scales": self.scales, "mins": self.mins}
-        if self.int8_codes is not None:
+        if self.int8_codes is not None:  # the codes in the int8-activation layout
             tensors.update(zip(self._INT8_NAMES, self.int8_codes, strict=True))
-        tensors.update({f"batch.{name}": t for name, t in self.batch.kernel_tensors().items()})
         return tensors
 
     def set_kernel_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         self.codes, self.scales, self.mins = tensors["codes"], tensors["scales"], tensors["mins"]
         if self.int8_codes is not None:
             self.int8_codes = tuple(tensors[name] for name in self._INT8_NAMES)  # type: ignore[assignment]
-        self.batch.set_kernel_tensors({name[len("batch."):]: t for name, t in tensors.items()
-                                       if name.startswith("batch.")})
 
+    def kernel_methods(self) -> list[LinearMethod]:
+        return [self, *self.batch.kernel_methods()]
 
 def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: ModuleType, int8: bool,
                     int8_codes: bool = False, amx: bool = False) -> list[str]:

@@ -63,6 +63,10 @@ class LinearMethod:
         for name, tensor in tensors.items():
             setattr(self, name, tensor)
 
+    def kernel_methods(self) -> list[LinearMethod]:
+        """This method and those it hands some row counts to, whose kernel tensors move with it."""
+        return [self]
+
 
 class OneDnnPackedMethod(LinearMethod):
     """Weights reordered once into oneDNN's blocked layout for a typical batch size (bf16 uses the
@@ -198,7 +202,8 @@ def weights_on_huge_pages(model: nn.Module) -> int:
     """Every linear layer's kernel tensors (LinearMethod.kernel_tensors) copied into one buffer on
     2 MiB pages (engine/malloc.py); returns their bytes. Call it once the methods are final and
     before anything keeps references to the old tensors (the native decode layers)."""
-    methods = list({id(m.method): m.method for m in model.modules() if isinstance(m, Linear)}.values())
+    methods = list({id(k): k for m in model.modules() if isinstance(m, Linear) for k in m.method.kernel_methods()}
+                   .values())
     named = [method.kernel_tensors() for method in methods]
     tensors = [t for tensors in named for t in tensors.values()]
     if not tensors:

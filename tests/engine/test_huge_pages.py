@@ -73,7 +73,7 @@ def test_engine_codes_lie_on_huge_pages():
     engine = LLMEngine(EngineConfig(dtype="bfloat16", device="cpu", kv_cache_memory=16 << 20, max_model_len=256,
                                     max_num_seqs=4))
     methods = [m.method for m in engine.model.modules() if isinstance(m, Linear)]
-    tensors = [t for m in methods for t in m.kernel_tensors().values() if t.numel()]
+    tensors = [t for m in methods for k in m.kernel_methods() for t in k.kernel_tensors().values() if t.numel()]
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     assert engine.quantized and nbytes > 90e6  # the codes of every layer and the LM head, the batch method's too
     # one buffer holds them all, on huge pages but for its unaligned ends

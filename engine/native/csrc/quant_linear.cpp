@@ -59,16 +59,22 @@ struct Weights {
   int64_t groups;  // K / 32
 };
 
-// Q4_1 word w of a row pair: its row in the pair and its position e (0..15) within 16 elements
-constexpr int q4_pair_row(int w) { return (w >> 1) & 1; }
-constexpr int q4_position(int w) { return 2 * (w >> 2) + (w & 1); }
-
 #if defined(__AVX512F__)
 // 8 float16 values as float32 lanes 0..7 of a 512-bit vector (8..15 are zero)
 inline __m512 load8_halves(const at::Half* p) {
   return _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 inline __m512 lane(__m512 v, int j) { return _mm512_permutexvar_ps(_mm512_set1_epi32(j), v); }
+
+// Every cache line of the panel's step kPrefetchSteps after `step` (its codes, and the scales and
+// mins of its first group `group`), requested now: the hardware prefetcher starts over at each 4 KiB
+inline void prefetch_ahead(const uint8_t* step, const Weights& w, int64_t group, int64_t groups_per_step) {
+  const char* ahead = reinterpret_cast<const char*>(step) + kPrefetchSteps * kPanel * kStepBytes;
+  for (int line = 0; line < kPanel * kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+  const int64_t at = (group + kPrefetchSteps * groups_per_step) * kPanel;
+  _mm_prefetch(reinterpret_cast<const char*>(w.scales + at), _MM_HINT_T0);
+  if (w.mins != nullptr) _mm_prefetch(reinterpret_cast<const char*>(w.mins + at), _MM_HINT_T0);
+}
 
 // Q8_0, float32 inputs: one row's group de-quantized into elements 0..15 and 16..31
 inline void dequant_q8_f32(const uint8_t* step_codes, __m512 d, __m512& lo, __m512& hi) {
@@ -158,9 +164,7 @@ inline void panel_q8_bf16(const at::BFloat16* x, int64_t K, const Weights& w, in
     __m512i xg[R];
     for (int r = 0; r < R; ++r) xg[r] = _mm512_loadu_si512(x + r * K + g * kGroup);
     const uint8_t* codes = w.codes + pg * kPanel * kStepBytes;
-    const char* ahead = reinterpret_cast<const char*>(codes) + kPrefetchSteps * kPanel * kStepBytes;
-    for (int line = 0; line < kPanel * kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w.scales + (pg + kPrefetchSteps) * kPanel), _MM_HINT_T0);
+    prefetch_ahead(codes, w, pg, 1);
     for (int j = 0; j < kPanel; ++j) {
       const auto* q8 = reinterpret_cast<const __m128i*>(codes + j * kStepBytes);
       const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q8)));
@@ -213,13 +217,9 @@ inline void panel_q4_bf16(const at::BFloat16* x, const float* group_sums, int64_
               spread_x, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 16 * half))));
       }
     }
-    const auto* codes = reinterpret_cast<const uint16_t*>(w.codes + (p * steps + t) * kPanel * kStepBytes);
-    // every line of the step kPrefetchSteps ahead, and its scales and mins: the hardware prefetcher
-    // starts over at each 4 KiB
-    const char* ahead = reinterpret_cast<const char*>(codes) + kPrefetchSteps * kPanel * kStepBytes;
-    for (int line = 0; line < kPanel * kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w.scales + (p * w.groups + 2 * (t + kPrefetchSteps)) * kPanel), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w.mins + (p * w.groups + 2 * (t + kPrefetchSteps)) * kPanel), _MM_HINT_T0);
+    const uint8_t* step = w.codes + (p * steps + t) * kPanel * kStepBytes;
+    const auto* codes = reinterpret_cast<const uint16_t*>(step);
+    prefetch_ahead(step, w, p * w.groups + 2 * t, 2);
     for (int h = 0; h < kPanel / 2; ++h) {
       const __m512i words = _mm512_loadu_si512(codes + h * 32);
       __m512bh q[4];
