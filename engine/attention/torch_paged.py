@@ -46,6 +46,18 @@ class PrefillChunk:
 
 
 @dataclass
+class NativePrefill:
+    """The step's prompt chunks for the native prefill kernel, all in one call: rows
+    [row_start, row_end) of the batch, chunk c owning rows row_start + query_starts[c] ..."""
+
+    row_start: int
+    row_end: int
+    block_tables: torch.Tensor  # [chunks, max_blocks] int32
+    query_starts: torch.Tensor  # [chunks + 1] int32, from 0
+    context_lens: torch.Tensor  # [chunks] int32: each chunk's keys in the cache after this step
+
+
+@dataclass
 class TorchPagedMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64
     num_single_queries: int  # the leading requests, one query row each
@@ -56,6 +68,7 @@ class TorchPagedMetadata:
     chunks: list[PrefillChunk]
     single_seq_lens: torch.Tensor | None = None  # [num_single_queries] int32
     invariant: InvariantRows | None = None  # the batch-invariant tail of the batch
+    native_prefill: NativePrefill | None = None  # set instead of `chunks` where the native kernel attends them
 
 
 class TorchPagedBackend:
@@ -71,6 +84,9 @@ class TorchPagedBackend:
         # build): the one-query batch with K/V read in place (no gather copy, no padding to the
         # longest sequence), and RoPE fused with the KV write.
         self.native = native
+        # and the prompt chunks in one call, K/V read in place (bfloat16 caches, head sizes 64 and 128)
+        self.native_prefill = (native is not None and native.prefill_attention_available()
+                               and kv_cache_dtype in (None, torch.bfloat16) and head_dim in (64, 128))
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         return (self.num_kv_heads, num_blocks, self.block_size, row_width(self.head_dim, self.kv_cache_dtype))
@@ -102,6 +118,13 @@ class TorchPagedBackend:
                 past_end = torch.arange(width * bs, device=device).unsqueeze(0) >= lens.unsqueeze(1)  # [seqs, keys]
                 meta.single_mask = past_end.repeat(self.num_kv_heads, 1).unsqueeze(1)
         qsl = inputs.query_start_loc_np
+        if num_normal > num_single and self.native_prefill and inputs.block_table.dtype == torch.int32 \
+                and inputs.positions.device.type == "cpu":
+            meta.native_prefill = NativePrefill(
+                int(qsl[num_single]), int(qsl[num_normal]), inputs.block_table[num_single:num_normal],
+                torch.from_numpy((qsl[num_single:num_normal + 1] - qsl[num_single]).astype(np.int32)),
+                inputs.seq_lens[num_single:num_normal])
+            return meta
         for i in range(num_single, num_normal):
             start, end = int(inputs.num_computed_tokens_np[i]), int(inputs.seq_lens_np[i])
             mask = None
@@ -125,6 +148,8 @@ class TorchPagedBackend:
             assert metadata.single_mask is not None
             return (f"one-query batch: two bmm over {num_single} sequence{'' if num_single == 1 else 's'}, "
                     f"keys padded to {metadata.single_mask.shape[-1]}")
+        if metadata.native_prefill is not None:
+            return "native prefill kernel over the step's prompt chunks, K/V read in place"
         chunk = next(c for c in metadata.chunks if c.query_start == query_start)
         if chunk.mask is None:
             return "sdpa, causal (the whole sequence in this step)"
@@ -180,9 +205,15 @@ class TorchPagedBackend:
             return self._single_query_attention(q, k_cache, v_cache, metadata, scale)
         if invariant is not None and invariant.row_start == 0:
             return batch_invariant_attention(q, k_cache, v_cache, invariant, scale)
+        prefill = metadata.native_prefill
+        if prefill is not None and num_single == 0 and invariant is None:
+            return self._native_prefill_attention(q, k_cache, v_cache, prefill, scale)
         out = torch.empty_like(q)
         if num_single:
             out[:num_single] = self._single_query_attention(q[:num_single], k_cache, v_cache, metadata, scale)
+        if prefill is not None:
+            rows = slice(prefill.row_start, prefill.row_end)
+            out[rows] = self._native_prefill_attention(q[rows], k_cache, v_cache, prefill, scale)
         for chunk in metadata.chunks:
             rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
             if chunk.mask is None:  # whole sequence in this step: its keys are this step's keys
@@ -195,6 +226,13 @@ class TorchPagedBackend:
             out[invariant.row_start:] = batch_invariant_attention(q[invariant.row_start:], k_cache, v_cache,
                                                                   invariant, scale)
         return out
+
+    def _native_prefill_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                  prefill: NativePrefill, scale: float) -> torch.Tensor:
+        """The prompt chunks' rows q [rows, heads, head_dim], their K/V already in the cache."""
+        assert self.native is not None
+        return self.native.paged_prefill_attention(q.contiguous(), k_cache, v_cache, prefill.block_tables,
+                                                   prefill.query_starts, prefill.context_lens, scale)
 
     def _single_query_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 metadata: TorchPagedMetadata, scale: float) -> torch.Tensor:

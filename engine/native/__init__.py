@@ -26,7 +26,8 @@ SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", 
                                                                   "quant_linear.cpp", "rope_kv.cpp",
                                                                   "silu_mul.cpp", "decode_layers.cpp",
                                                                   "sample_draw.cpp", "int8_linear.cpp",
-                                                                  "q4_int8_linear.cpp", "amx_linear.cpp")]
+                                                                  "q4_int8_linear.cpp", "amx_linear.cpp",
+                                                                  "prefill_attention.cpp")]
 # included by the sources: part of the build key
 HEADERS = [Path(__file__).with_name("csrc") / name for name in ("vec16.h", "kernels.h", "decode_layers.h",
                                                                   "int8_activations.h", "kv_int8.h", "parallel.h")]

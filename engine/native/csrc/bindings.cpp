@@ -7,6 +7,13 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
         "paged decode attention: q [seqs, heads, head_dim], caches [kv_heads, blocks, block_size, head_dim]");
+  m.def("prefill_attention_available", &prefill_attention_available,
+        "whether paged_prefill_attention was built (AVX512-BF16)");
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "causal attention of prompt chunks' rows (q [rows, heads, head_dim] bf16) over their keys in the paged "
+        "cache: block_tables [chunks, blocks], query_starts [chunks + 1], context_lens [chunks], int32",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("query_starts"),
+        py::arg("context_lens"), py::arg("scale"));
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "(norm(x + residual), x + residual) over rows",
         py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"));
   m.def("quant_linear", &quant_linear,

@@ -1,0 +1,334 @@
+// Paged prefill attention on the CPU: the rows of a step's prompt chunks (many query positions
+// per sequence) against their sequence's keys, read from the paged cache through the block table
+// after this step's K/V were written there, causal (the query at position p sees keys 0..p), with
+// a cached prefix before the chunk or without.
+//
+// Shapes: q [rows, heads, head_dim] bfloat16, the chunks' rows one after another; k_cache, v_cache
+// [kv_heads, num_blocks, block_size, head_dim] bfloat16; block_tables [chunks, max_blocks] int32;
+// query_starts [chunks + 1] int32 (chunk c owns rows query_starts[c]..query_starts[c + 1] - 1);
+// context_lens [chunks] int32 (chunk c's keys in the cache after this step; its queries are the
+// last positions of them); out like q.
+//
+// Why not torch's SDPA: for prompts of a few hundred tokens its CPU flash attention runs at
+// 70-80 GFLOP/s (it works in key blocks of hundreds, mostly masked off), and the torch path calls
+// it per sequence, after gathering a cached prefix's blocks into a copy.
+//
+// A work item is (chunk, kv head, kQueryTile positions): the rows of the GQA group's query heads at
+// those positions. The item first copies the keys its rows can see into two packed buffers,
+// shared by all its rows:
+//  - K in tiles of 16 keys, transposed to [dimension pair][16 keys][2 words], so one VDPBF16PS
+//    with a query's dimension pair broadcast adds to 16 keys' scores at once (no horizontal sums);
+//  - V in pairs of keys interleaved word by word (unpacklo / unpackhi, as the decode kernel
+//    does), so one VDPBF16PS with the pair's two weights broadcast adds both rows, 16 dimensions.
+// Then kRows rows at a time go over the tiles with an online softmax (float32 scores and sums;
+// each weight rounded to bfloat16 for the product with V, as torch's flash attention rounds its
+// probabilities before that product), the rows' sums in registers throughout.
+#include <ATen/ATen.h>
+
+#include "parallel.h"
+#include "vec16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX512F__)
+namespace {
+
+using llm_serve::exp16;
+
+constexpr int kTileKeys = 16;   // keys per packed tile: one vector of scores
+constexpr int kQueryTile = 16;  // query positions per work item
+
+// The packed keys and values of one item, in float32, head_dim = 32 * C2.
+template <int C2>
+struct Packed {
+  static constexpr int kHeadDim = 32 * C2;
+  std::vector<float> keys;    // [tiles][head_dim][16 keys]
+  std::vector<float> values;  // [tiles * 16][head_dim]
+
+  void reserve(int tiles) {
+    const size_t floats = static_cast<size_t>(tiles) * kTileKeys * kHeadDim;
+    if (keys.size() < floats) {
+      keys.resize(floats);
+      values.resize(floats);
+    }
+  }
+};
+
+// K and V tiles 0..tiles-1 of keys 0..num_keys-1 (past num_keys: zeros, so a weight of 0 times a
+// stale row cannot make a NaN) from the bfloat16 cache rows of one kv head
+template <int C2>
+void pack(Packed<C2>& packed, const at::BFloat16* k_head, const at::BFloat16* v_head, const int32_t* table,
+          int64_t block_size, int num_keys, int tiles) {
+  constexpr int64_t head_dim = 32 * C2;
+  constexpr int kPairs = 16 * C2;
+  alignas(64) uint32_t k_rows[kTileKeys][kPairs];  // a tile's rows side by side, as dimension pairs
+  const __m512i row_index = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                               _mm512_set1_epi32(kPairs));
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int t = 0; t < tiles; ++t) {
+    const int first = t * kTileKeys, n = std::min(kTileKeys, num_keys - first);
+    float* vt = packed.values.data() + static_cast<size_t>(first) * head_dim;
+    for (int j = 0; j < kTileKeys; ++j) {
+      if (j < n) {
+        const int64_t key = first + j;
+        const int64_t offset = (static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * head_dim;
+        std::memcpy(k_rows[j], k_head + offset, head_dim * sizeof(at::BFloat16));
+        for (int d = 0; d < head_dim; d += 16) _mm512_storeu_ps(vt + j * head_dim + d, llm_serve::load16(v_head + offset + d));
+      } else {
+        std::memset(k_rows[j], 0, sizeof(k_rows[j]));
+        std::memset(vt + j * head_dim, 0, head_dim * sizeof(float));
+      }
+    }
+    // K transposed: one gather takes dimension pair p of the 16 keys; its low words are dimension
+    // 2p, its high words 2p + 1, as float32 by a shift and a mask
+    float* kt = packed.keys.data() + static_cast<size_t>(first) * head_dim;
+    for (int p = 0; p < kPairs; ++p) {
+      const __m512i pair = _mm512_i32gather_epi32(row_index, &k_rows[0][p], 4);
+      _mm512_storeu_ps(kt + (2 * p) * kTileKeys, _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)));
+      _mm512_storeu_ps(kt + (2 * p + 1) * kTileKeys, _mm512_castsi512_ps(_mm512_and_si512(pair, high)));
+    }
+  }
+}
+
+// scores[t * 16 + j] of one row's query (float32, scaled) against tile t's keys
+template <int C2, int R, int T>
+inline void score_tiles(const float* kt, const float (*q)[32 * C2], float* const* scores) {
+  constexpr int head_dim = 32 * C2;
+  __m512 s[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) s[r][u] = _mm512_setzero_ps();
+  for (int d = 0; d < head_dim; ++d) {
+    __m512 k[T];
+    for (int u = 0; u < T; ++u) k[u] = _mm512_loadu_ps(kt + (u * head_dim + d) * kTileKeys);
+    for (int r = 0; r < R; ++r) {
+      const __m512 qd = _mm512_set1_ps(q[r][d]);
+      for (int u = 0; u < T; ++u) s[r][u] = _mm512_fmadd_ps(qd, k[u], s[r][u]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) _mm512_storeu_ps(scores[r] + u * kTileKeys, s[r][u]);
+}
+
+inline std::vector<int>& thread_block_tiles() {
+  thread_local std::vector<int> tiles;
+  return tiles;
+}
+
+// Per-thread buffers of an item's rows.
+struct RowBuffers {
+  std::vector<float> queries;  // [rows][head_dim], scaled
+  std::vector<float> scores;   // [rows][width]: the scores, then the weights in their place
+  std::vector<float> sums;     // [rows][head_dim]: the weighted sums of V
+};
+
+// An item's rows (a multiple of R; rows[r] points at row r's query, limits[r] is how many keys it
+// sees, at least 1, outs[r] where its result goes) against its packed tiles, in three passes over
+// the keys: every score, then one softmax per row (no running maximum, no rescaling), then the
+// weighted sum of V. Each pass goes a few tiles at a time through all rows, R rows per register
+// block, so the tiles in hand stay in L1 while every row uses them (a row block at a time over
+// all tiles read each tile from L2 once per 4 rows, and ran at the speed of L2).
+// In float32 FMAs: on the Xeons with AMX, VDPBF16PS issues once per two cycles and a float32
+// FMA twice per cycle, so FMAs do twice the work per cycle.
+template <int C2, int R>
+void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* const* rows, const int* limits,
+                 at::BFloat16* const* outs, float scale, RowBuffers& buffers) {
+  constexpr int head_dim = 32 * C2;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const int blocks = num_rows / R;
+  int tiles = 0;
+  std::vector<int>& block_tiles = thread_block_tiles();  // tiles each row block sees
+  block_tiles.assign(blocks, 0);
+  for (int r = 0; r < num_rows; ++r)
+    block_tiles[r / R] = std::max(block_tiles[r / R], (limits[r] + kTileKeys - 1) / kTileKeys);
+  for (int b = 0; b < blocks; ++b) tiles = std::max(tiles, block_tiles[b]);
+  const int64_t width = static_cast<int64_t>(tiles) * kTileKeys;
+  if (static_cast<int64_t>(buffers.scores.size()) < num_rows * width) buffers.scores.resize(num_rows * width);
+  if (static_cast<int64_t>(buffers.queries.size()) < num_rows * head_dim) {
+    buffers.queries.resize(num_rows * head_dim);
+    buffers.sums.resize(num_rows * head_dim);
+  }
+  float* queries = buffers.queries.data();
+  float* scores = buffers.scores.data();
+  for (int r = 0; r < num_rows; ++r)
+    for (int d = 0; d < head_dim; d += 16)
+      _mm512_storeu_ps(queries + r * head_dim + d, _mm512_mul_ps(llm_serve::load16(rows[r] + d), _mm512_set1_ps(scale)));
+
+  // 1. scores, two tiles at a time through every row block that sees them (2R independent sums)
+  for (int t = 0; t < tiles; t += 2) {
+    const float* kt = packed.keys.data() + static_cast<size_t>(t) * kTileKeys * head_dim;
+    for (int b = 0; b < blocks; ++b) {
+      if (block_tiles[b] <= t) continue;
+      float* dst[R];
+      for (int r = 0; r < R; ++r) dst[r] = scores + (b * R + r) * width + t * kTileKeys;
+      const auto q = reinterpret_cast<const float (*)[head_dim]>(queries + b * R * head_dim);
+      if (t + 1 < block_tiles[b])
+        score_tiles<C2, R, 2>(kt, q, dst);
+      else
+        score_tiles<C2, R, 1>(kt, q, dst);
+    }
+  }
+
+  // 2. weights exp(score - max) rounded to bfloat16 (as torch's flash attention rounds them before
+  // the product with V), 0 past the row's keys up to its block's last tile; the sum over the
+  // rounded ones
+  float* inverse_sum = buffers.queries.data();  // the queries are done with: one per row
+  for (int r = 0; r < num_rows; ++r) {
+    float* s = scores + r * width;
+    const int visible_tiles = (limits[r] + kTileKeys - 1) / kTileKeys;
+    const auto valid = [&](int tile) {
+      return static_cast<__mmask16>((1u << std::clamp(limits[r] - tile * kTileKeys, 0, kTileKeys)) - 1);
+    };
+    __m512 running = _mm512_set1_ps(neg_inf);
+    for (int u = 0; u < visible_tiles; ++u)
+      running = _mm512_max_ps(running, _mm512_mask_blend_ps(valid(u), _mm512_set1_ps(neg_inf),
+                                                            _mm512_loadu_ps(s + u * kTileKeys)));
+    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(running));
+    __m512 total = _mm512_setzero_ps();
+    for (int u = 0; u < block_tiles[r / R]; ++u) {
+      const __m512 e = _mm512_maskz_mov_ps(valid(u), exp16(_mm512_sub_ps(_mm512_loadu_ps(s + u * kTileKeys), max)));
+      const __m512 rounded = llm_serve::round_to<at::BFloat16>(e);
+      _mm512_storeu_ps(s + u * kTileKeys, rounded);
+      total = _mm512_add_ps(total, rounded);
+    }
+    inverse_sum[r] = 1.f / _mm512_reduce_add_ps(total);
+  }
+
+  // 3. the weighted sum of V, a tile of keys at a time through every row block that sees it, the
+  // block's sums in registers over the tile
+  float* sums = buffers.sums.data();
+  std::memset(sums, 0, sizeof(float) * num_rows * head_dim);
+  for (int t = 0; t < tiles; ++t) {
+    const float* values = packed.values.data() + static_cast<size_t>(t) * kTileKeys * head_dim;
+    for (int b = 0; b < blocks; ++b) {
+      if (block_tiles[b] <= t) continue;
+      float* block_sums = sums + b * R * head_dim;
+      const float* w = scores + b * R * width + t * kTileKeys;
+      __m512 acc[R][2 * C2];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < 2 * C2; ++c) acc[r][c] = _mm512_loadu_ps(block_sums + r * head_dim + 16 * c);
+      for (int j = 0; j < kTileKeys; ++j) {
+        __m512 v[2 * C2];
+        for (int c = 0; c < 2 * C2; ++c) v[c] = _mm512_loadu_ps(values + j * head_dim + 16 * c);
+        for (int r = 0; r < R; ++r) {
+          const __m512 wr = _mm512_set1_ps(w[r * width + j]);
+          for (int c = 0; c < 2 * C2; ++c) acc[r][c] = _mm512_fmadd_ps(wr, v[c], acc[r][c]);
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < 2 * C2; ++c) _mm512_storeu_ps(block_sums + r * head_dim + 16 * c, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < num_rows; ++r)
+    for (int c = 0; c < 2 * C2; ++c)
+      llm_serve::store16(outs[r] + 16 * c,
+                         _mm512_mul_ps(_mm512_loadu_ps(sums + r * head_dim + 16 * c), _mm512_set1_ps(inverse_sum[r])));
+}
+
+template <int C2>
+void prefill_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& block_tables, const at::Tensor& query_starts,
+                            const at::Tensor& context_lens, double scale, at::Tensor& out) {
+  constexpr int64_t head_dim = 32 * C2;
+  constexpr int R = C2 == 2 ? 4 : 2;  // rows at a time: their sums fill half the vector registers
+  const int64_t num_chunks = context_lens.size(0), num_heads = q.size(1);
+  const int64_t num_kv_heads = k_cache.size(0), block_size = k_cache.size(2);
+  const int64_t group = num_heads / num_kv_heads, max_blocks = block_tables.size(1);
+  const int32_t* starts = query_starts.data_ptr<int32_t>();
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  // work items: (chunk, kv head, tile of kQueryTile positions), the chunks' tiles in order
+  std::vector<int64_t> first_item(num_chunks + 1, 0);
+  for (int64_t c = 0; c < num_chunks; ++c)
+    first_item[c + 1] = first_item[c] + num_kv_heads * ((starts[c + 1] - starts[c] + kQueryTile - 1) / kQueryTile);
+  const at::BFloat16* qp = q.data_ptr<at::BFloat16>();
+  const at::BFloat16* kp = k_cache.data_ptr<at::BFloat16>();
+  const at::BFloat16* vp = v_cache.data_ptr<at::BFloat16>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  const float scale_f = static_cast<float>(scale);
+  llm_serve::parallel_for(0, first_item[num_chunks], 1, [&](int64_t lo, int64_t hi) {
+    thread_local Packed<C2> packed;
+    thread_local RowBuffers buffers;
+    thread_local std::vector<const at::BFloat16*> rows;
+    thread_local std::vector<at::BFloat16*> outs;
+    thread_local std::vector<int> limits;
+    const size_t max_rows = (kQueryTile * group + R - 1) / R * R;
+    rows.resize(max_rows);
+    outs.resize(max_rows);
+    limits.resize(max_rows);
+    for (int64_t item = lo; item < hi; ++item) {
+      const int64_t chunk = std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
+      const int64_t index = item - first_item[chunk];
+      const int64_t h = index % num_kv_heads, tile = index / num_kv_heads;
+      const int64_t query_len = starts[chunk + 1] - starts[chunk];
+      const int64_t first_position = lens[chunk] - query_len;  // of the chunk's first query
+      const int64_t p0 = tile * kQueryTile, p1 = std::min<int64_t>(query_len, p0 + kQueryTile);
+      const int num_keys = static_cast<int>(first_position + p1);  // what the tile's last row sees
+      const int tiles = (num_keys + kTileKeys - 1) / kTileKeys;
+      packed.reserve(tiles);
+      pack<C2>(packed, kp + h * k_cache.stride(0), vp + h * v_cache.stride(0), tables + chunk * max_blocks,
+               block_size, num_keys, tiles);
+      // the item's rows: positions p0..p1-1, each with the group's query heads; padded to a
+      // multiple of R with the last row again (computed twice, written twice, the same)
+      const int num_rows = static_cast<int>((p1 - p0) * group);
+      const int padded = (num_rows + R - 1) / R * R;
+      for (int r = 0; r < padded; ++r) {
+        const int64_t row = std::min(r, num_rows - 1);
+        const int64_t position = p0 + row / group;
+        const int64_t offset = ((starts[chunk] + position) * num_heads + h * group + row % group) * head_dim;
+        rows[r] = qp + offset;
+        outs[r] = op + offset;
+        limits[r] = static_cast<int>(first_position + position + 1);
+      }
+      attend_rows<C2, R>(packed, padded, rows.data(), limits.data(), outs.data(), scale_f, buffers);
+    }
+  });
+}
+
+}  // namespace
+#endif  // __AVX512F__
+
+bool prefill_attention_available() {
+#if defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                   const at::Tensor& block_tables, const at::Tensor& query_starts,
+                                   const at::Tensor& context_lens, double scale) {
+  TORCH_CHECK(prefill_attention_available(), "paged_prefill_attention: built without AVX-512");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "bad shapes");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
+                  v_cache.scalar_type() == at::kBFloat16, "paged_prefill_attention: bfloat16 q and caches");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "inputs must be contiguous");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && query_starts.scalar_type() == at::kInt &&
+                  context_lens.scalar_type() == at::kInt, "block_tables, query_starts, context_lens: int32");
+  TORCH_CHECK(query_starts.size(0) == context_lens.size(0) + 1 && block_tables.size(0) == context_lens.size(0),
+              "one table and one context length per chunk, chunks + 1 query starts");
+  TORCH_CHECK(q.size(1) % k_cache.size(0) == 0, "query heads a multiple of kv heads");
+  TORCH_CHECK(k_cache.size(3) == q.size(2) && (q.size(2) == 64 || q.size(2) == 128), "head_dim 64 or 128");
+  auto tables = block_tables.contiguous();
+  auto starts = query_starts.contiguous();
+  auto lens = context_lens.contiguous();
+  const int32_t* s = starts.data_ptr<int32_t>();
+  const int32_t* l = lens.data_ptr<int32_t>();
+  TORCH_CHECK(s[0] == 0 && s[lens.size(0)] == q.size(0), "query_starts must cover q's rows from 0");
+  for (int64_t c = 0; c < lens.size(0); ++c)
+    TORCH_CHECK(s[c + 1] >= s[c] && l[c] >= s[c + 1] - s[c] &&
+                    (l[c] + k_cache.size(2) - 1) / k_cache.size(2) <= tables.size(1),
+                "a chunk's context holds its queries and fits its block table");
+  auto out = at::empty_like(q);
+#if defined(__AVX512F__)
+  if (q.size(2) == 64)
+    prefill_attention_impl<2>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+  else
+    prefill_attention_impl<4>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+#endif
+  return out;
+}
