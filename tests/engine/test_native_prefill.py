@@ -96,7 +96,7 @@ def _mixed_step(block_size: int, singles: list[int], chunks: list[tuple[int, int
     seq_lens = np.array(singles + [n for _, n in chunks], dtype=np.int32)
     qsl = np.cumsum([0] + query_lens).astype(np.int32)
     computed = seq_lens - np.array(query_lens, dtype=np.int32)
-    positions = np.concatenate([np.arange(c, n) for c, n in zip(computed, seq_lens)])
+    positions = np.concatenate([np.arange(c, n) for c, n in zip(computed, seq_lens, strict=True)])
     table = torch.arange(len(seq_lens) * max_blocks, dtype=torch.int32).view(len(seq_lens), max_blocks)
     request = np.repeat(np.arange(len(seq_lens)), query_lens)
     slots = table.numpy()[request, positions // block_size] * block_size + positions % block_size
