@@ -118,8 +118,7 @@ class TorchPagedBackend:
                 past_end = torch.arange(width * bs, device=device).unsqueeze(0) >= lens.unsqueeze(1)  # [seqs, keys]
                 meta.single_mask = past_end.repeat(self.num_kv_heads, 1).unsqueeze(1)
         qsl = inputs.query_start_loc_np
-        if num_normal > num_single and self.native_prefill and inputs.block_table.dtype == torch.int32 \
-                and inputs.positions.device.type == "cpu":
+        if num_normal > num_single and self.native_prefill:
             meta.native_prefill = NativePrefill(
                 int(qsl[num_single]), int(qsl[num_normal]), inputs.block_table[num_single:num_normal],
                 torch.from_numpy((qsl[num_single:num_normal + 1] - qsl[num_single]).astype(np.int32)),

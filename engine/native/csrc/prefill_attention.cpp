@@ -113,13 +113,12 @@ inline void score_tiles(const float* kt, const float (*q)[32 * C2], float* const
     for (int u = 0; u < T; ++u) _mm512_storeu_ps(scores[r] + u * kTileKeys, s[r][u]);
 }
 
-inline std::vector<int>& thread_block_tiles() {
-  thread_local std::vector<int> tiles;
-  return tiles;
-}
-
 // Per-thread buffers of an item's rows.
 struct RowBuffers {
+  std::vector<const at::BFloat16*> rows;  // each row's query
+  std::vector<at::BFloat16*> outs;        // where its result goes
+  std::vector<int> limits;                // how many keys it sees
+  std::vector<int> block_tiles;           // tiles each block of R rows sees
   std::vector<float> queries;  // [rows][head_dim], scaled
   std::vector<float> scores;   // [rows][width]: the scores, then the weights in their place
   std::vector<float> sums;     // [rows][head_dim]: the weighted sums of V
@@ -140,7 +139,7 @@ void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* con
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const int blocks = num_rows / R;
   int tiles = 0;
-  std::vector<int>& block_tiles = thread_block_tiles();  // tiles each row block sees
+  std::vector<int>& block_tiles = buffers.block_tiles;
   block_tiles.assign(blocks, 0);
   for (int r = 0; r < num_rows; ++r)
     block_tiles[r / R] = std::max(block_tiles[r / R], (limits[r] + kTileKeys - 1) / kTileKeys);
@@ -252,13 +251,10 @@ void prefill_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
   llm_serve::parallel_for(0, first_item[num_chunks], 1, [&](int64_t lo, int64_t hi) {
     thread_local Packed<C2> packed;
     thread_local RowBuffers buffers;
-    thread_local std::vector<const at::BFloat16*> rows;
-    thread_local std::vector<at::BFloat16*> outs;
-    thread_local std::vector<int> limits;
     const size_t max_rows = (kQueryTile * group + R - 1) / R * R;
-    rows.resize(max_rows);
-    outs.resize(max_rows);
-    limits.resize(max_rows);
+    buffers.rows.resize(max_rows);
+    buffers.outs.resize(max_rows);
+    buffers.limits.resize(max_rows);
     for (int64_t item = lo; item < hi; ++item) {
       const int64_t chunk = std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
       const int64_t index = item - first_item[chunk];
@@ -279,11 +275,12 @@ void prefill_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
         const int64_t row = std::min(r, num_rows - 1);
         const int64_t position = p0 + row / group;
         const int64_t offset = ((starts[chunk] + position) * num_heads + h * group + row % group) * head_dim;
-        rows[r] = qp + offset;
-        outs[r] = op + offset;
-        limits[r] = static_cast<int>(first_position + position + 1);
+        buffers.rows[r] = qp + offset;
+        buffers.outs[r] = op + offset;
+        buffers.limits[r] = static_cast<int>(first_position + position + 1);
       }
-      attend_rows<C2, R>(packed, padded, rows.data(), limits.data(), outs.data(), scale_f, buffers);
+      attend_rows<C2, R>(packed, padded, buffers.rows.data(), buffers.limits.data(), buffers.outs.data(), scale_f,
+                         buffers);
     }
   });
 }
