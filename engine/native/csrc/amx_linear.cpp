@@ -24,6 +24,7 @@
 
 #include "parallel.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -43,6 +44,8 @@ constexpr int64_t kTileN = 16;    // outputs per B tile
 constexpr int64_t kTileM = 16;    // rows per A and C tile
 constexpr int64_t kTileBytes = 1024;  // 16 rows x 64 bytes: every tile here
 constexpr int64_t kPrefetchTiles = 24;
+constexpr int64_t kDequantizeAhead = 1;
+constexpr int64_t kRing = kDequantizeAhead + 1;  // groups of B tiles in flight
 
 #if defined(LLM_SERVE_AMX)
 // Linux hands a process the AMX tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
@@ -120,9 +123,15 @@ void amx_linear_impl(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t*
   const int64_t x_stride = K * static_cast<int64_t>(sizeof(at::BFloat16));
   llm_serve::parallel_chunks(0, pairs, 1, [&](llm_serve::Chunks& chunks) {
     configure_tiles();
-    // this pair's two sets of 16 outputs de-quantized over the whole K: [2][G] tiles
-    std::vector<uint8_t> storage(2 * G * kTileBytes + 64);
+    // this pair's two sets of 16 outputs de-quantized: over the whole K ([2][G] tiles) where later
+    // rows read them again; for one chunk of rows, a ring of the groups in flight ([kRing][2]),
+    // which stays in L1 beside x
+    const bool ring = padded_m <= 2 * kTileM;
+    std::vector<uint8_t> storage((ring ? 2 * kRing : 2 * G) * kTileBytes + 64);
     uint8_t* b = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+    const auto b_tile = [&](int s, int64_t g) {
+      return b + (ring ? (g % kRing) * 2 + s : s * G + g) * kTileBytes;
+    };
     alignas(64) float c[4][kTileM * kTileN];
     // one pair of 16-output tiles over every row
     const auto run_pair = [&](int64_t pair) {
@@ -132,13 +141,17 @@ void amx_linear_impl(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t*
           const uint8_t* ahead = codes + (tile + kPrefetchTiles) * tile_code_bytes;
           for (int64_t off = 0; off < tile_code_bytes; off += 64)
             _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(scales + (tile + kPrefetchTiles) * kTileN), _MM_HINT_T0);
+          if constexpr (F == Format::kQ4_1)
+            _mm_prefetch(reinterpret_cast<const char*>(mins + (tile + kPrefetchTiles) * kTileN), _MM_HINT_T0);
           dequantize_tile<F>(codes + tile * tile_code_bytes, scales + tile * kTileN,
-                             F == Format::kQ4_1 ? mins + tile * kTileN : nullptr, b + (s * G + g) * kTileBytes);
+                             F == Format::kQ4_1 ? mins + tile * kTileN : nullptr, b_tile(s, g));
         }
       };
-      // each group's tiles de-quantized just before the matrix unit first takes them (for the first
-      // 32 rows), so the vector units make the next group's while the tile multiplies run; later
-      // rows read them from the buffer
+      // each group's tiles de-quantized one group before the matrix unit first takes them (for the
+      // first 32 rows), so the vector units make the next group's while the tile multiplies run and
+      // a tile load never waits for the stores that made its tile; later rows read them from the
+      // buffer
       for (int64_t m0 = 0; m0 < padded_m; m0 += 2 * kTileM) {
         const bool two = m0 + kTileM < padded_m;
         _tile_zero(4);
@@ -146,11 +159,13 @@ void amx_linear_impl(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t*
         _tile_zero(6);
         _tile_zero(7);
         const at::BFloat16* a0 = xa + m0 * K;
+        if (m0 == 0)
+          for (int64_t g = 0; g < std::min<int64_t>(kDequantizeAhead, G); ++g) dequantize_group(g);
         for (int64_t g = 0; g < G; ++g) {
-          if (m0 == 0) dequantize_group(g);
+          if (m0 == 0 && g + kDequantizeAhead < G) dequantize_group(g + kDequantizeAhead);
           _tile_loadd(0, a0 + g * kGroup, x_stride);
-          _tile_loadd(2, b + g * kTileBytes, 64);
-          _tile_loadd(3, b + (G + g) * kTileBytes, 64);
+          _tile_loadd(2, b_tile(0, g), 64);
+          _tile_loadd(3, b_tile(1, g), 64);
           _tile_dpbf16ps(4, 0, 2);
           _tile_dpbf16ps(5, 0, 3);
           if (two) {
