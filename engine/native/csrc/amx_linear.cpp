@@ -22,6 +22,7 @@
 // row's result does not depend on the batch it is in.
 #include <ATen/ATen.h>
 
+#include "amx_tiles.h"
 #include "parallel.h"
 
 #include <algorithm>
@@ -29,13 +30,6 @@
 #include <string>
 #include <type_traits>
 #include <vector>
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define LLM_SERVE_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace {
 
@@ -48,32 +42,10 @@ constexpr int64_t kDequantizeAhead = 1;
 constexpr int64_t kRing = kDequantizeAhead + 1;  // groups of B tiles in flight
 
 #if defined(LLM_SERVE_AMX)
-// Linux hands a process the AMX tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
-// XFEATURE_XTILEDATA); oneDNN asks too, but this kernel may run first.
-bool request_amx() {
-  static const bool granted = [] {
-    constexpr int kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return granted;
-}
+using llm_serve::configure_tiles;
+using llm_serve::request_amx;
 
 // tiles 0, 1: A (rows 0-15 and 16-31 of a chunk); 2, 3: B (two sets of 16 outputs); 4-7: C
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
-
 enum class Format { kQ4_1, kQ8_0 };
 
 // Lanes 2c + i of the low vector are outputs c = 0..7, of the high one 8..15: a tile's 16

@@ -20,6 +20,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "amx_tiles.h"
 #include "kv_int8.h"
 #include "parallel.h"
 #include "vec16.h"
@@ -244,6 +245,57 @@ void attend_split_f32(const float* q, const float* k_cache, const float* v_cache
 // Keys ahead of the one being scored whose K rows are requested from memory first.
 constexpr int kPrefetchKeys = 64;
 
+// krow[t], vrow[t]: the K and V rows of key begin + t, t < n, of one kv head
+inline void row_pointers(const at::BFloat16* k_cache, const at::BFloat16* v_cache, const int32_t* table,
+                         int64_t begin, int n, int64_t block_size, int64_t head_dim, int64_t kv_head_stride,
+                         const at::BFloat16** krow, const at::BFloat16** vrow) {
+  for (int t = 0; t < n;) {  // a block at a time: one division per block, not per key
+    const int64_t key = begin + t, in_block = key % block_size;
+    const int64_t offset = (static_cast<int64_t>(table[key / block_size]) * block_size + in_block) * head_dim;
+    const int run = static_cast<int>(std::min<int64_t>(n - t, block_size - in_block));
+    for (int j = 0; j < run; ++j) {
+      krow[t + j] = k_cache + kv_head_stride + offset + j * head_dim;
+      vrow[t + j] = v_cache + kv_head_stride + offset + j * head_dim;
+    }
+    t += run;
+  }
+}
+
+// One softmax per head over a split's n scores (scores[g], -inf past n up to the 16-key chunk's
+// end; no running maximum to rescale by): the weights exp(score - max) rounded to bf16 (as the
+// torch path rounds its probabilities) into weights[g], 0 past n up to the chunk's end, their sum
+// taken over the rounded ones.
+inline void softmax_weights(const float (*scores)[kSplitKeys], int n, int64_t group, uint16_t (*weights)[kSplitKeys],
+                            float* max_out, float* sum_out) {
+  const int chunks = (n + kChunk - 1) / kChunk;
+  for (int64_t g = 0; g < group; ++g) {
+    __m512 running = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int ch = 0; ch < chunks; ++ch) running = _mm512_max_ps(running, _mm512_load_ps(scores[g] + ch * kChunk));
+    const float max = _mm512_reduce_max_ps(running);
+    __m512 total = _mm512_setzero_ps();
+    for (int ch = 0; ch < chunks; ++ch) {
+      const int j0 = ch * kChunk;
+      const __mmask16 valid = static_cast<__mmask16>((1u << std::min(kChunk, n - j0)) - 1);
+      const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(_mm512_load_ps(scores[g] + j0),
+                                                                      _mm512_set1_ps(max))));
+      const __m256i rounded = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(weights[g] + j0), rounded);
+      total = _mm512_add_ps(total, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16)));
+    }
+    max_out[g] = max;
+    sum_out[g] = _mm512_reduce_add_ps(total);
+  }
+}
+
+// A vector of 32 dimensions as two accumulators back in dimension order: V rows interleaved key
+// by key with unpacklo / unpackhi leave, per 32 dimensions, 128-bit lanes of dimensions 0-3,
+// 8-11, 16-19, 24-27 in `lo` and 4-7, 12-15, 20-23, 28-31 in `hi`
+inline void store_unpacked(float* a, __m512 lo, __m512 hi) {
+  const __m512 first = _mm512_shuffle_f32x4(lo, hi, 0x44), second = _mm512_shuffle_f32x4(lo, hi, 0xEE);
+  _mm512_storeu_ps(a, _mm512_shuffle_f32x4(first, first, 0xD8));
+  _mm512_storeu_ps(a + 16, _mm512_shuffle_f32x4(second, second, 0xD8));
+}
+
 // attend_split for a bfloat16 cache, head_dim = 32 * C2 (same arguments), in three passes over
 // the split's keys (at most kSplitKeys), all in VDPBF16PS on the cache's own rows:
 // 1. scores q . k (exact products, float32 sums) times scale, 16 keys per transposing reduction,
@@ -265,16 +317,7 @@ void attend_split_bf16(const at::BFloat16* q, const at::BFloat16* k_cache, const
   const int n = static_cast<int>(end - begin);
   const at::BFloat16* krow[kSplitKeys];
   const at::BFloat16* vrow[kSplitKeys];
-  for (int t = 0; t < n;) {  // a block at a time: one division per block, not per key
-    const int64_t key = begin + t, in_block = key % block_size;
-    const int64_t offset = (static_cast<int64_t>(table[key / block_size]) * block_size + in_block) * head_dim;
-    const int run = static_cast<int>(std::min<int64_t>(n - t, block_size - in_block));
-    for (int j = 0; j < run; ++j) {
-      krow[t + j] = k_cache + kv_head_stride + offset + j * head_dim;
-      vrow[t + j] = v_cache + kv_head_stride + offset + j * head_dim;
-    }
-    t += run;
-  }
+  row_pointers(k_cache, v_cache, table, begin, n, block_size, head_dim, kv_head_stride, krow, vrow);
   for (int t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_row(krow[t], row_bytes);
 
   // 1. scores [group][keys], -inf past the split's keys up to the chunk's end
@@ -307,23 +350,7 @@ void attend_split_bf16(const at::BFloat16* q, const at::BFloat16* k_cache, const
 
   // 2. weights [group][keys] as bf16, 0 past the split's keys
   alignas(64) uint16_t weights[kMaxGroup][kSplitKeys];
-  for (int64_t g = 0; g < group; ++g) {
-    __m512 running = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int ch = 0; ch < chunks; ++ch) running = _mm512_max_ps(running, _mm512_load_ps(scores[g] + ch * kChunk));
-    const float max = _mm512_reduce_max_ps(running);
-    __m512 total = _mm512_setzero_ps();
-    for (int ch = 0; ch < chunks; ++ch) {
-      const int j0 = ch * kChunk;
-      const __mmask16 valid = static_cast<__mmask16>((1u << std::min(kChunk, n - j0)) - 1);
-      const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(_mm512_load_ps(scores[g] + j0),
-                                                                      _mm512_set1_ps(max))));
-      const __m256i rounded = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(weights[g] + j0), rounded);
-      total = _mm512_add_ps(total, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16)));
-    }
-    max_out[g] = max;
-    sum_out[g] = _mm512_reduce_add_ps(total);
-  }
+  softmax_weights(scores, n, group, weights, max_out, sum_out);
 
   // 3. acc [group][head_dim] = sum over keys of weight * V row
   const int num_pairs = (n + 1) / 2;
@@ -351,18 +378,161 @@ void attend_split_bf16(const at::BFloat16* q, const at::BFloat16* k_cache, const
       add_pair(av[1], jp + 1);
     }
     if (jp < num_pairs) add_pair(av[0], jp);
-    // back to dimension order: per 32, unpacklo held 128-bit lanes of dimensions 0-3, 8-11,
-    // 16-19, 24-27 and unpackhi 4-7, 12-15, 20-23, 28-31
-    float* a = acc + g * head_dim;
-    for (int c = 0; c < C2; ++c) {
-      const __m512 lo = _mm512_add_ps(av[0][2 * c], av[1][2 * c]);
-      const __m512 hi = _mm512_add_ps(av[0][2 * c + 1], av[1][2 * c + 1]);
-      const __m512 first = _mm512_shuffle_f32x4(lo, hi, 0x44), second = _mm512_shuffle_f32x4(lo, hi, 0xEE);
-      _mm512_storeu_ps(a + 32 * c, _mm512_shuffle_f32x4(first, first, 0xD8));
-      _mm512_storeu_ps(a + 32 * c + 16, _mm512_shuffle_f32x4(second, second, 0xD8));
-    }
+    for (int c = 0; c < C2; ++c)
+      store_unpacked(acc + g * head_dim + 32 * c, _mm512_add_ps(av[0][2 * c], av[1][2 * c]),
+                     _mm512_add_ps(av[0][2 * c + 1], av[1][2 * c + 1]));
   }
 }
+
+#if defined(LLM_SERVE_AMX)
+// Set by TileScope in a thread whose tiles are configured (llm_serve::configure_tiles) for the
+// kernel's parallel loop: attend then takes attend_split_amx for a bf16 cache.
+thread_local bool amx_tiles_ready = false;
+
+struct TileScope {
+  explicit TileScope(bool use) : active(use) {
+    if (active) {
+      llm_serve::configure_tiles();
+      amx_tiles_ready = true;
+    }
+  }
+  ~TileScope() {
+    if (active) {
+      amx_tiles_ready = false;
+      _tile_release();
+    }
+  }
+  bool active;
+};
+
+// attend_split_bf16 on the matrix unit (same arguments and passes; tiles 16 rows x 64 bytes):
+// 1. scores: 16 keys' K rows straight from the cache as an A tile (a row: 32 dimensions of one
+//    key), q transposed into B tiles (row p: dimensions 2p, 2p + 1 of every head of the group,
+//    heads past the group 0), so C = [16 keys][16 heads]; a head's 16 scores gathered from it;
+// 2. the same softmax;
+// 3. the weighted sum of V: the weights of 32 keys as an A tile ([16 heads][32 keys], heads past
+//    the group 0), two keys' V rows interleaved word by word into B tiles (row p: keys 2p,
+//    2p + 1 for 16 dimensions in unpacklo / unpackhi order), C = [16 heads][16 dimensions] per
+//    B tile, summed over the split in the tiles.
+// The products are exact and the sums float32, as in VDPBF16PS; only the order of the additions
+// differs. Tiles: scores 0, 6 (K), 1..C2 (q), 5 (C); weighted sum 0 (weights), 1 (V), 4..7 (C),
+// a pass per 64 dimensions.
+template <int C2>
+void attend_split_amx(const at::BFloat16* q, const at::BFloat16* k_cache, const at::BFloat16* v_cache,
+                      const int32_t* table, int64_t begin, int64_t end, int64_t group, int64_t block_size,
+                      int64_t kv_head_stride, float scale, float* acc, float* max_out, float* sum_out) {
+  constexpr int64_t head_dim = 32 * C2;
+  constexpr int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(at::BFloat16));
+  const int n = static_cast<int>(end - begin);
+  const at::BFloat16* krow[kSplitKeys];
+  const at::BFloat16* vrow[kSplitKeys];
+  row_pointers(k_cache, v_cache, table, begin, n, block_size, head_dim, kv_head_stride, krow, vrow);
+  for (int t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_row(krow[t], row_bytes);
+
+  // 1. scores [group][keys], -inf past the split's keys up to the chunk's end
+  alignas(64) uint32_t q_tiles[C2][16][16] = {};  // [32 dimensions][pair p][head]: q's bf16 pairs
+  const auto* q_pairs = reinterpret_cast<const uint32_t*>(q);
+  for (int c = 0; c < C2; ++c)
+    for (int p = 0; p < 16; ++p)
+      for (int64_t g = 0; g < group; ++g) q_tiles[c][p][g] = q_pairs[g * head_dim / 2 + 16 * c + p];
+  _tile_loadd(1, q_tiles[0], 64);
+  _tile_loadd(2, q_tiles[1], 64);
+  if constexpr (C2 == 4) {
+    _tile_loadd(3, q_tiles[2], 64);
+    _tile_loadd(4, q_tiles[3], 64);
+  }
+  alignas(64) float scores[kMaxGroup][kSplitKeys];
+  alignas(64) float key_scores[16 * 16];            // C: [key][head]
+  alignas(64) at::BFloat16 staged[16 * head_dim];   // a chunk's K rows where they are not 16 in a row
+  const __m512i head_column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                 _mm512_set1_epi32(16));
+  const int chunks = (n + kChunk - 1) / kChunk;
+  for (int ch = 0; ch < chunks; ++ch) {
+    const int j0 = ch * kChunk, m = std::min(kChunk, n - j0);
+    for (int j = j0; j < j0 + m; ++j) {
+      prefetch_row(vrow[j], row_bytes);
+      if (j + kPrefetchKeys < n) prefetch_row(krow[j + kPrefetchKeys], row_bytes);
+    }
+    const at::BFloat16* keys = krow[j0];
+    if (m < kChunk || krow[j0 + kChunk - 1] != krow[j0] + (kChunk - 1) * head_dim) {
+      for (int j = 0; j < kChunk; ++j)
+        for (int c = 0; c < C2; ++c)
+          _mm512_store_si512(staged + j * head_dim + 32 * c,
+                             j < m ? _mm512_loadu_si512(krow[j0 + j] + 32 * c) : _mm512_setzero_si512());
+      keys = staged;
+    }
+    _tile_zero(5);
+    _tile_loadd(0, keys, row_bytes);
+    _tile_dpbf16ps(5, 0, 1);
+    _tile_loadd(6, keys + 32, row_bytes);
+    _tile_dpbf16ps(5, 6, 2);
+    if constexpr (C2 == 4) {
+      _tile_loadd(0, keys + 64, row_bytes);
+      _tile_dpbf16ps(5, 0, 3);
+      _tile_loadd(6, keys + 96, row_bytes);
+      _tile_dpbf16ps(5, 6, 4);
+    }
+    _tile_stored(5, key_scores, 64);
+    const __mmask16 valid = static_cast<__mmask16>((1u << m) - 1);
+    for (int64_t g = 0; g < group; ++g) {
+      const __m512 column = _mm512_i32gather_ps(_mm512_add_epi32(head_column, _mm512_set1_epi32(static_cast<int>(g))),
+                                                key_scores, 4);
+      _mm512_store_ps(scores[g] + j0, _mm512_mask_blend_ps(valid, _mm512_set1_ps(-std::numeric_limits<float>::infinity()),
+                                                           _mm512_mul_ps(column, _mm512_set1_ps(scale))));
+    }
+  }
+
+  // 2. weights [16][keys] as bf16: the group's heads, 0 past the split's keys up to a multiple of
+  // 32 keys; the rows past the group 0
+  alignas(64) uint16_t weights[kMaxGroup][kSplitKeys];
+  softmax_weights(scores, n, group, weights, max_out, sum_out);
+  const int blocks32 = (n + 31) / 32;
+  if (chunks % 2)
+    for (int64_t g = 0; g < group; ++g)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(weights[g] + chunks * kChunk), _mm256_setzero_si256());
+  for (int64_t g = group; g < 16; ++g)
+    for (int b = 0; b < blocks32; ++b) _mm512_store_si512(weights[g] + 32 * b, _mm512_setzero_si512());
+
+  // 3. acc [group][head_dim] = sum over keys of weight * V row, 64 dimensions per pass
+  alignas(64) uint16_t v_tiles[4][16][32];  // [16 dimensions][key pair][two keys' words]
+  alignas(64) float sums[4][16 * 16];       // C: [head][16 dimensions]
+  for (int half = 0; half < C2 / 2; ++half) {
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int b = 0; b < blocks32; ++b) {
+      for (int p = 0; p < 16; ++p) {
+        const int ka = 32 * b + 2 * p, kb = ka + 1;
+        for (int c = 0; c < 2; ++c) {
+          const int64_t d = 64 * half + 32 * c;
+          const __m512i va = ka < n ? _mm512_loadu_si512(vrow[ka] + d) : _mm512_setzero_si512();
+          const __m512i vb = kb < n ? _mm512_loadu_si512(vrow[kb] + d) : _mm512_setzero_si512();
+          _mm512_store_si512(v_tiles[2 * c][p], _mm512_unpacklo_epi16(va, vb));
+          _mm512_store_si512(v_tiles[2 * c + 1][p], _mm512_unpackhi_epi16(va, vb));
+        }
+      }
+      _tile_loadd(0, weights[0] + 32 * b, kSplitKeys * static_cast<int64_t>(sizeof(uint16_t)));
+      _tile_loadd(1, v_tiles[0], 64);
+      _tile_dpbf16ps(4, 0, 1);
+      _tile_loadd(2, v_tiles[1], 64);
+      _tile_dpbf16ps(5, 0, 2);
+      _tile_loadd(1, v_tiles[2], 64);
+      _tile_dpbf16ps(6, 0, 1);
+      _tile_loadd(2, v_tiles[3], 64);
+      _tile_dpbf16ps(7, 0, 2);
+    }
+    _tile_stored(4, sums[0], 64);
+    _tile_stored(5, sums[1], 64);
+    _tile_stored(6, sums[2], 64);
+    _tile_stored(7, sums[3], 64);
+    for (int64_t g = 0; g < group; ++g)
+      for (int c = 0; c < 2; ++c)
+        store_unpacked(acc + g * head_dim + 64 * half + 32 * c, _mm512_load_ps(sums[2 * c] + 16 * g),
+                       _mm512_load_ps(sums[2 * c + 1] + 16 * g));
+  }
+}
+#endif  // LLM_SERVE_AMX
 #endif
 #endif  // __AVX512F__
 
@@ -378,6 +548,16 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
                                  acc, max_out, sum_out);
     if (head_dim == 128)
       return attend_split_f32<8>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
+                                 acc, max_out, sum_out);
+  }
+#endif
+#if defined(LLM_SERVE_AMX)
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    if (amx_tiles_ready && head_dim == 64)
+      return attend_split_amx<2>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
+                                 acc, max_out, sum_out);
+    if (amx_tiles_ready && head_dim == 128)
+      return attend_split_amx<4>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
                                  acc, max_out, sum_out);
   }
 #endif
@@ -475,8 +655,16 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
   float* accp = acc.data_ptr<float>();
   float* maxp = maxes.data_ptr<float>();
   float* sump = sums.data_ptr<float>();
-  llm_serve::parallel_for(0, num_splits * num_kv_heads, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t item = lo; item < hi; ++item) {
+  // the matrix unit for bf16 rows of 64 or 128 dimensions where the CPU has AMX
+#if defined(LLM_SERVE_AMX)
+  const bool amx = std::is_same_v<T, at::BFloat16> && (head_dim == 64 || head_dim == 128) && llm_serve::request_amx();
+#endif
+  llm_serve::parallel_chunks(0, num_splits * num_kv_heads, 1, [&](llm_serve::Chunks& chunks) {
+#if defined(LLM_SERVE_AMX)
+    const TileScope tiles(amx);
+#endif
+    int64_t item, next;  // chunks of one item
+    while (chunks.next(item, next)) {
       const int64_t split = item / num_kv_heads, h = item % num_kv_heads;
       const int64_t seq = std::upper_bound(first_split.begin(), first_split.end(), split) - first_split.begin() - 1;
       const int64_t index_in_seq = split - first_split[seq];
