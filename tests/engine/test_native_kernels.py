@@ -80,6 +80,20 @@ def test_a_row_does_not_depend_on_the_batch():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_thread_gives_the_threads_result(dtype):
+    """One thread runs every work item inline (the parallel loop's single chunk of everything)."""
+    q, k_cache, v_cache, tables, seq_lens = _case(dtype, 3, 3, 64, 16, [700, 5, 300, 1200])
+    threaded = native.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = native.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone, threaded)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_residual", [True, False])
 def test_fused_add_rms_norm_matches_the_torch_path(dtype, with_residual):
     g = torch.Generator().manual_seed(1)

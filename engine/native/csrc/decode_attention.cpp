@@ -415,8 +415,8 @@ struct TileScope {
 //    2p + 1 for 16 dimensions in unpacklo / unpackhi order), C = [16 heads][16 dimensions] per
 //    B tile, summed over the split in the tiles.
 // The products are exact and the sums float32, as in VDPBF16PS; only the order of the additions
-// differs. Tiles: scores 0, 6 (K), 1..C2 (q), 5 (C); weighted sum 0 (weights), 1 (V), 4..7 (C),
-// a pass per 64 dimensions.
+// differs. Tiles: scores 0, 6 (K), 1..C2 (q), 5 (C); weighted sum 0 (weights), 1, 2 (V), 4..7
+// (C), a pass per 64 dimensions.
 template <int C2>
 void attend_split_amx(const at::BFloat16* q, const at::BFloat16* k_cache, const at::BFloat16* v_cache,
                       const int32_t* table, int64_t begin, int64_t end, int64_t group, int64_t block_size,
@@ -663,18 +663,19 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
 #if defined(LLM_SERVE_AMX)
     const TileScope tiles(amx);
 #endif
-    int64_t item, next;  // chunks of one item
-    while (chunks.next(item, next)) {
-      const int64_t split = item / num_kv_heads, h = item % num_kv_heads;
-      const int64_t seq = std::upper_bound(first_split.begin(), first_split.end(), split) - first_split.begin() - 1;
-      const int64_t index_in_seq = split - first_split[seq];
-      const int64_t begin = index_in_seq * kSplitKeys;
-      const int64_t end = std::min<int64_t>(lens[seq], begin + kSplitKeys);
-      const int64_t slot = split * num_kv_heads + h;
-      attend_cached(qp + (seq * num_heads + h * group) * head_dim, kp, vp, tables + seq * max_blocks, begin, end,
-                    group, head_dim, block_size, h * kv_head_stride, static_cast<float>(scale),
-                    accp + slot * group * head_dim, maxp + slot * group, sump + slot * group);
-    }
+    int64_t lo, hi;
+    while (chunks.next(lo, hi))
+      for (int64_t item = lo; item < hi; ++item) {
+        const int64_t split = item / num_kv_heads, h = item % num_kv_heads;
+        const int64_t seq = std::upper_bound(first_split.begin(), first_split.end(), split) - first_split.begin() - 1;
+        const int64_t index_in_seq = split - first_split[seq];
+        const int64_t begin = index_in_seq * kSplitKeys;
+        const int64_t end = std::min<int64_t>(lens[seq], begin + kSplitKeys);
+        const int64_t slot = split * num_kv_heads + h;
+        attend_cached(qp + (seq * num_heads + h * group) * head_dim, kp, vp, tables + seq * max_blocks, begin, end,
+                      group, head_dim, block_size, h * kv_head_stride, static_cast<float>(scale),
+                      accp + slot * group * head_dim, maxp + slot * group, sump + slot * group);
+      }
   });
   // merge each sequence's splits in order (in one thread for a few sequences: a parallel region
   // costs more than their merge)
