@@ -32,6 +32,10 @@ class AmxCodesMethod(LinearMethod):
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return self.native.amx_linear(x.contiguous(), self.codes, self.scales, self.mins, self.format, False)
 
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this [gate | up] layer's outputs, bitwise silu_and_mul(apply(x))."""
+        return self.native.amx_linear_silu_mul(x.contiguous(), self.codes, self.scales, self.mins, self.format)
+
     def float32_logits(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
         return self.native.amx_linear(x.contiguous(), self.codes, self.scales, self.mins, self.format, True)
 

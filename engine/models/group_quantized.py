@@ -106,6 +106,13 @@ class GroupQuantizedMethod(LinearMethod):
     def dense_weight(self, layer: Linear) -> torch.Tensor:
         return self.dense.dense_weight(layer)
 
+    def gate_up_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
+        """The rows above the crossover on the AMX batch method, silu and mul in the tiles' pass
+        (no batch-invariant rows: those go through Linear.forward's tiles)."""
+        if isinstance(self.batch, AmxCodesMethod) and x.shape[0] > self.max_rows and invariant_rows_start() is None:
+            return self.batch.silu_mul(x)
+        return None
+
     def weight_bytes_read(self, layer: Linear, rows: int, dtype: torch.dtype) -> int:
         return self.nbytes if rows <= self.max_rows else self.batch.weight_bytes_read(layer, rows, dtype)
 

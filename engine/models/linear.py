@@ -53,6 +53,11 @@ class LinearMethod:
         them at no extra cost (an LM head then needs no tie refinement); None: it has not."""
         return None
 
+    def gate_up_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of a merged [gate | up] projection of x in one pass where the method has
+        such a kernel for these rows, bitwise silu_and_mul of its own output; None: it has not."""
+        return None
+
     def kernel_tensors(self) -> dict[str, torch.Tensor]:
         """The weight tensors a native kernel of this method reads at every step, by name (the
         engine copies them onto huge pages: weights_on_huge_pages); none for the torch methods."""

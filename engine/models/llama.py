@@ -70,11 +70,18 @@ class MLP(nn.Module):
         self.native: Any = None  # the native CPU kernels' module, when the engine turned them on
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None and x.is_cpu:  # silu and mul in one pass, the same roundings
+            fused = gate_up_silu_mul(self.gate_up_proj, x)
+            return self.down_proj(fused if fused is not None else self.native.silu_and_mul(self.gate_up_proj(x)))
         gate_up = self.gate_up_proj(x)
-        if self.native is not None and gate_up.is_cpu:  # silu and mul in one pass, the same roundings
-            return self.down_proj(self.native.silu_and_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+
+def gate_up_silu_mul(gate_up_proj: Linear, x: torch.Tensor) -> torch.Tensor | None:
+    """The projection and silu-and-mul in one native pass where its method has one for these rows
+    (the AMX codes), else None; a traced step swaps it out, so the projection keeps its stop."""
+    return gate_up_proj.method.gate_up_silu_mul(gate_up_proj, x)
 
 
 class DecoderLayer(nn.Module):

@@ -91,7 +91,8 @@ class StepRecording:
         # other steps run the fused kernels where there are some.
         swaps = [(llama, "apply_rope", self._timed("rope", llama.apply_rope)),
                  (llama, "paged_attention", self._timed("attention", llama.paged_attention)),
-                 (llama, "rope_and_write_kv", _unfused), (llama, "decode_layers_natively", _unfused)]
+                 (llama, "rope_and_write_kv", _unfused), (llama, "decode_layers_natively", _unfused),
+                 (llama, "gate_up_silu_mul", _unfused)]
         backend_module = sys.modules[type(self.backend).__module__]
         write_kv = getattr(backend_module, "write_kv", None)
         if write_kv is not None:  # the torch backend's; another backend's cache write has no stop of its own
@@ -151,6 +152,7 @@ class StepRecording:
 
 
 def _unfused(*args: Any, **kwargs: Any) -> None:
-    """`rope_and_write_kv` and `decode_layers_natively` for a traced step: no fused path (the
-    model runs its modules, rotates with torch ops, and the backend's `forward` writes the cache)."""
+    """`rope_and_write_kv`, `decode_layers_natively` and `gate_up_silu_mul` for a traced step: no
+    fused path (the model runs its modules, rotates with torch ops, the backend's `forward` writes
+    the cache, and the MLP's projection runs alone)."""
     return None

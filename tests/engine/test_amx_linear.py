@@ -56,6 +56,18 @@ def test_amx_linear_matches_the_dense_weights(fmt, rows, inputs, outputs):
     torch.testing.assert_close(out, out32.bfloat16(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("rows", [1, 17, 32, 33, 70])
+@pytest.mark.parametrize("inputs,width", [(64, 16), (576, 1536)])
+def test_silu_mul_in_the_same_pass_is_bitwise_the_two_kernels(fmt, rows, inputs, width):
+    """amx_linear_silu_mul = silu_and_mul(amx_linear(x)) for the codes of [gate | up] (2 * width outputs)."""
+    codes = _codes(fmt, 2 * width, inputs, rows + width)
+    x = (3 * torch.randn(rows, inputs, generator=torch.Generator().manual_seed(rows))).bfloat16()
+    fused = native.amx_linear_silu_mul(x, *codes.amx_tiles(), codes.format)
+    assert fused.dtype == torch.bfloat16 and fused.shape == (rows, width)
+    assert torch.equal(fused, native.silu_and_mul(_run(x, codes, False)))
+
+
 def test_a_row_does_not_depend_on_the_batch():
     codes = _codes("q4_1", 96, 576, 7)
     x = torch.randn(40, 576, generator=torch.Generator().manual_seed(7)).bfloat16()

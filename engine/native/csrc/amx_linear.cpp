@@ -24,6 +24,7 @@
 
 #include "amx_tiles.h"
 #include "parallel.h"
+#include "vec16.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -44,6 +45,9 @@ constexpr int64_t kRing = kDequantizeAhead + 1;  // groups of B tiles in flight
 #if defined(LLM_SERVE_AMX)
 using llm_serve::configure_tiles;
 using llm_serve::request_amx;
+using llm_serve::round_to;
+using llm_serve::silu_mul16;
+using llm_serve::store16;
 
 // tiles 0, 1: A (rows 0-15 and 16-31 of a chunk); 2, 3: B (two sets of 16 outputs); 4-7: C
 enum class Format { kQ4_1, kQ8_0 };
@@ -78,7 +82,7 @@ inline void dequantize_tile(const uint8_t* codes, const at::Half* scales, const 
   }
 }
 
-template <Format F, typename Out>
+template <Format F, bool Gated, typename Out>
 void amx_linear_impl(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t* codes, const at::Half* scales,
                      const at::Half* mins, Out* out, int64_t N) {
   const int64_t G = K / kGroup, tile_code_bytes = F == Format::kQ4_1 ? 256 : 512;
@@ -109,7 +113,7 @@ void amx_linear_impl(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t*
     const auto run_pair = [&](int64_t pair) {
       const auto dequantize_group = [&](int64_t g) {
         for (int s = 0; s < 2; ++s) {
-          const int64_t tile = (2 * pair + s) * G + g;
+          const int64_t tile = (Gated ? pair + s * pairs : 2 * pair + s) * G + g;
           const uint8_t* ahead = codes + (tile + kPrefetchTiles) * tile_code_bytes;
           for (int64_t off = 0; off < tile_code_bytes; off += 64)
             _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
@@ -150,16 +154,25 @@ void amx_linear_impl(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t*
         _tile_stored(5, c[1], 64);
         _tile_stored(6, c[2], 64);
         _tile_stored(7, c[3], 64);
-        for (int t = 0; t < (two ? 4 : 2); ++t) {
-          const int64_t r0 = m0 + (t / 2) * kTileM, n0 = (2 * pair + t % 2) * kTileN;
-          for (int64_t r = 0; r < kTileM && r0 + r < M; ++r) {
-            Out* dst = out + (r0 + r) * N + n0;
-            const float* src = c[t] + r * kTileN;
-            if constexpr (std::is_same_v<Out, float>)
-              _mm512_storeu_ps(dst, _mm512_load_ps(src));
-            else
-              _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
-                                  reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(src))));
+        if constexpr (Gated) {  // silu(gate) * up: tiles 2rb (gate) and 2rb + 1 (up) of row block rb
+          for (int rb = 0; rb < (two ? 2 : 1); ++rb)
+            for (int64_t r = 0; r < kTileM && m0 + rb * kTileM + r < M; ++r) {
+              const __m512 gate = round_to<at::BFloat16>(_mm512_load_ps(c[2 * rb] + r * kTileN));
+              const __m512 up = round_to<at::BFloat16>(_mm512_load_ps(c[2 * rb + 1] + r * kTileN));
+              store16(out + (m0 + rb * kTileM + r) * (N / 2) + pair * kTileN, silu_mul16<at::BFloat16>(gate, up));
+            }
+        } else {
+          for (int t = 0; t < (two ? 4 : 2); ++t) {
+            const int64_t r0 = m0 + (t / 2) * kTileM, n0 = (2 * pair + t % 2) * kTileN;
+            for (int64_t r = 0; r < kTileM && r0 + r < M; ++r) {
+              Out* dst = out + (r0 + r) * N + n0;
+              const float* src = c[t] + r * kTileN;
+              if constexpr (std::is_same_v<Out, float>)
+                _mm512_storeu_ps(dst, _mm512_load_ps(src));
+              else
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                                    reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(src))));
+            }
           }
         }
       }
@@ -182,18 +195,28 @@ bool amx_linear_available() {
 #endif
 }
 
-at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                      const std::string& format, bool float32_out) {
+namespace {
+// the checks both entry points make; q4: the format is Q4_1
+bool check_amx_inputs(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                      const std::string& format) {
   TORCH_CHECK(amx_linear_available(), "amx_linear: this build or CPU has no AMX-BF16");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x: contiguous bf16 [rows, in]");
   TORCH_CHECK(format == "q4_1" || format == "q8_0", "format q4_1 or q8_0");
   const bool q4 = format == "q4_1";
   TORCH_CHECK(codes.dim() == 4 && codes.is_contiguous() && scales.is_contiguous() && scales.dim() == 3,
               "codes [out/16, in/32, 16, 16 or 32], scales [out/16, in/32, 16]");
-  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0) * kTileN;
-  TORCH_CHECK(K == codes.size(1) * kGroup && codes.size(3) == (q4 ? 16 : 32) && N % (2 * kTileN) == 0,
+  TORCH_CHECK(x.size(1) == codes.size(1) * kGroup && codes.size(3) == (q4 ? 16 : 32) &&
+                  codes.size(0) * kTileN % (2 * kTileN) == 0,
               "codes do not match x, or outputs not a multiple of 32");
   TORCH_CHECK(!q4 || (mins.is_contiguous() && mins.sizes() == scales.sizes()), "q4_1 needs mins like scales");
+  return q4;
+}
+}  // namespace
+
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                      const std::string& format, bool float32_out) {
+  const bool q4 = check_amx_inputs(x, codes, scales, mins, format);
+  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0) * kTileN;
   auto out = at::empty({M, N}, x.options().dtype(float32_out ? at::kFloat : at::kBFloat16));
 #if defined(LLM_SERVE_AMX)
   const auto* c = static_cast<const uint8_t*>(codes.data_ptr());
@@ -201,12 +224,28 @@ at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& codes, const at::Te
   const at::Half* mn = q4 ? mins.data_ptr<at::Half>() : nullptr;
   const auto* xp = x.data_ptr<at::BFloat16>();
   if (float32_out) {
-    if (q4) amx_linear_impl<Format::kQ4_1>(xp, M, K, c, s, mn, out.data_ptr<float>(), N);
-    else amx_linear_impl<Format::kQ8_0>(xp, M, K, c, s, mn, out.data_ptr<float>(), N);
+    if (q4) amx_linear_impl<Format::kQ4_1, false>(xp, M, K, c, s, mn, out.data_ptr<float>(), N);
+    else amx_linear_impl<Format::kQ8_0, false>(xp, M, K, c, s, mn, out.data_ptr<float>(), N);
   } else {
-    if (q4) amx_linear_impl<Format::kQ4_1>(xp, M, K, c, s, mn, out.data_ptr<at::BFloat16>(), N);
-    else amx_linear_impl<Format::kQ8_0>(xp, M, K, c, s, mn, out.data_ptr<at::BFloat16>(), N);
+    if (q4) amx_linear_impl<Format::kQ4_1, false>(xp, M, K, c, s, mn, out.data_ptr<at::BFloat16>(), N);
+    else amx_linear_impl<Format::kQ8_0, false>(xp, M, K, c, s, mn, out.data_ptr<at::BFloat16>(), N);
   }
+#endif
+  return out;
+}
+
+at::Tensor amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                               const at::Tensor& mins, const std::string& format) {
+  const bool q4 = check_amx_inputs(x, codes, scales, mins, format);
+  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0) * kTileN;
+  auto out = at::empty({M, N / 2}, x.options());
+#if defined(LLM_SERVE_AMX)
+  const auto* c = static_cast<const uint8_t*>(codes.data_ptr());
+  const auto* s = scales.data_ptr<at::Half>();
+  const at::Half* mn = q4 ? mins.data_ptr<at::Half>() : nullptr;
+  const auto* xp = x.data_ptr<at::BFloat16>();
+  if (q4) amx_linear_impl<Format::kQ4_1, true>(xp, M, K, c, s, mn, out.data_ptr<at::BFloat16>(), N);
+  else amx_linear_impl<Format::kQ8_0, true>(xp, M, K, c, s, mn, out.data_ptr<at::BFloat16>(), N);
 #endif
   return out;
 }

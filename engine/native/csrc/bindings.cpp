@@ -58,6 +58,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "int8 [out/16, in/32, 16, 32]; float16 scales and mins [out/16, in/32, 16]) as bf16 weights",
         py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("format"),
         py::arg("float32_out") = false);
+  m.def("amx_linear_silu_mul", &amx_linear_silu_mul,
+        "silu_and_mul(amx_linear(x, ...)) in one pass: the codes' outputs [gate | up] (two halves of equal "
+        "width) rounded to bf16 as amx_linear rounds them, then silu(gate) * up as silu_and_mul computes it",
+        py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("format"));
   m.def("argmax_rows", &argmax_rows, "torch.argmax(logits, dim=-1) of float32 [rows, vocab], the rows in parallel",
         py::arg("logits"));
   m.def("inverse_cdf", &inverse_cdf, "per row, the token whose slice of the cumulative distribution holds u x total",

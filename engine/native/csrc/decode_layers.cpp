@@ -57,6 +57,13 @@ at::Tensor apply(const CodesLinear& w, const at::Tensor& x) {
   if (w.int8_codes.numel() > 0) return q4_int8_linear(x, w.int8_codes, w.int8_scales, w.int8_mins, false);
   return quant_linear(x, w.codes, w.scales, w.mins, w.format, false);
 }
+
+// silu_and_mul(apply(w, x)), in one pass where the rows take the AMX batch method
+at::Tensor gate_up_silu_mul(const CodesLinear& w, const at::Tensor& x) {
+  if (x.size(0) > w.codes_rows && w.batch_kind == "amx")
+    return amx_linear_silu_mul(x, w.batch_codes, w.batch_scales, w.batch_mins, w.format);
+  return silu_and_mul(apply(w, x));
+}
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> DecodeLayers::forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
@@ -78,7 +85,7 @@ std::tuple<at::Tensor, at::Tensor> DecodeLayers::forward(at::Tensor x, const at:
                                                 block_tables, seq_lens, scale_);
     x = apply(w[1], o.reshape({rows, q_size}));
     std::tie(h, residual) = fused_add_rms_norm(x, residual, norm_weights_[2 * layer + 1], eps_);
-    x = apply(w[3], silu_and_mul(apply(w[2], h)));
+    x = apply(w[3], gate_up_silu_mul(w[2], h));
   }
   return {x, residual};
 }

@@ -32,3 +32,5 @@ at::Tensor q4_int8_linear(const at::Tensor& x, const at::Tensor& codes, const at
 bool amx_linear_available();
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                       const std::string& format, bool float32_out);
+at::Tensor amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                               const at::Tensor& mins, const std::string& format);

@@ -14,9 +14,7 @@
 namespace {
 
 #if defined(__AVX512F__)
-using llm_serve::exp16;
 using llm_serve::load16;
-using llm_serve::round_to;
 using llm_serve::store16;
 #endif
 
@@ -30,10 +28,7 @@ void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
       int64_t d = 0;
 #if defined(__AVX512F__)
       for (; d + 16 <= width; d += 16) {
-        const __m512 g = load16(gate + d);
-        const __m512 s = round_to<T>(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(
-                                                                                         _mm512_setzero_ps(), g)))));
-        store16(o + d, _mm512_mul_ps(s, load16(up + d)));
+        store16(o + d, llm_serve::silu_mul16<T>(load16(gate + d), load16(up + d)));
       }
 #endif
       for (; d < width; ++d) {
