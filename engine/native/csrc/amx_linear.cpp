@@ -211,41 +211,36 @@ bool check_amx_inputs(const at::Tensor& x, const at::Tensor& codes, const at::Te
   TORCH_CHECK(!q4 || (mins.is_contiguous() && mins.sizes() == scales.sizes()), "q4_1 needs mins like scales");
   return q4;
 }
+
+// amx_linear_impl for the format the inputs checked to; out [M, N] (Gated: [M, N / 2])
+template <bool Gated, typename Out>
+void run_amx(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins, bool q4,
+             Out* out) {
+#if defined(LLM_SERVE_AMX)
+  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0) * kTileN;
+  const auto* c = static_cast<const uint8_t*>(codes.data_ptr());
+  const auto* s = scales.data_ptr<at::Half>();
+  const at::Half* mn = q4 ? mins.data_ptr<at::Half>() : nullptr;
+  const auto* xp = x.data_ptr<at::BFloat16>();
+  if (q4) amx_linear_impl<Format::kQ4_1, Gated>(xp, M, K, c, s, mn, out, N);
+  else amx_linear_impl<Format::kQ8_0, Gated>(xp, M, K, c, s, mn, out, N);
+#endif
+}
 }  // namespace
 
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                       const std::string& format, bool float32_out) {
   const bool q4 = check_amx_inputs(x, codes, scales, mins, format);
-  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0) * kTileN;
-  auto out = at::empty({M, N}, x.options().dtype(float32_out ? at::kFloat : at::kBFloat16));
-#if defined(LLM_SERVE_AMX)
-  const auto* c = static_cast<const uint8_t*>(codes.data_ptr());
-  const auto* s = scales.data_ptr<at::Half>();
-  const at::Half* mn = q4 ? mins.data_ptr<at::Half>() : nullptr;
-  const auto* xp = x.data_ptr<at::BFloat16>();
-  if (float32_out) {
-    if (q4) amx_linear_impl<Format::kQ4_1, false>(xp, M, K, c, s, mn, out.data_ptr<float>(), N);
-    else amx_linear_impl<Format::kQ8_0, false>(xp, M, K, c, s, mn, out.data_ptr<float>(), N);
-  } else {
-    if (q4) amx_linear_impl<Format::kQ4_1, false>(xp, M, K, c, s, mn, out.data_ptr<at::BFloat16>(), N);
-    else amx_linear_impl<Format::kQ8_0, false>(xp, M, K, c, s, mn, out.data_ptr<at::BFloat16>(), N);
-  }
-#endif
+  auto out = at::empty({x.size(0), codes.size(0) * kTileN}, x.options().dtype(float32_out ? at::kFloat : at::kBFloat16));
+  if (float32_out) run_amx<false>(x, codes, scales, mins, q4, out.data_ptr<float>());
+  else run_amx<false>(x, codes, scales, mins, q4, out.data_ptr<at::BFloat16>());
   return out;
 }
 
 at::Tensor amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                                const at::Tensor& mins, const std::string& format) {
   const bool q4 = check_amx_inputs(x, codes, scales, mins, format);
-  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0) * kTileN;
-  auto out = at::empty({M, N / 2}, x.options());
-#if defined(LLM_SERVE_AMX)
-  const auto* c = static_cast<const uint8_t*>(codes.data_ptr());
-  const auto* s = scales.data_ptr<at::Half>();
-  const at::Half* mn = q4 ? mins.data_ptr<at::Half>() : nullptr;
-  const auto* xp = x.data_ptr<at::BFloat16>();
-  if (q4) amx_linear_impl<Format::kQ4_1, true>(xp, M, K, c, s, mn, out.data_ptr<at::BFloat16>(), N);
-  else amx_linear_impl<Format::kQ8_0, true>(xp, M, K, c, s, mn, out.data_ptr<at::BFloat16>(), N);
-#endif
+  auto out = at::empty({x.size(0), codes.size(0) * kTileN / 2}, x.options());
+  run_amx<true>(x, codes, scales, mins, q4, out.data_ptr<at::BFloat16>());
   return out;
 }

@@ -245,7 +245,8 @@ void attend_split_f32(const float* q, const float* k_cache, const float* v_cache
 // Keys ahead of the one being scored whose K rows are requested from memory first.
 constexpr int kPrefetchKeys = 64;
 
-// krow[t], vrow[t]: the K and V rows of key begin + t, t < n, of one kv head
+// krow[t], vrow[t]: the K and V rows of key begin + t, t < n, of one kv head; the first
+// kPrefetchKeys K rows requested from memory
 inline void row_pointers(const at::BFloat16* k_cache, const at::BFloat16* v_cache, const int32_t* table,
                          int64_t begin, int n, int64_t block_size, int64_t head_dim, int64_t kv_head_stride,
                          const at::BFloat16** krow, const at::BFloat16** vrow) {
@@ -259,6 +260,8 @@ inline void row_pointers(const at::BFloat16* k_cache, const at::BFloat16* v_cach
     }
     t += run;
   }
+  const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(at::BFloat16));
+  for (int t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_row(krow[t], row_bytes);
 }
 
 // One softmax per head over a split's n scores (scores[g], -inf past n up to the 16-key chunk's
@@ -318,7 +321,6 @@ void attend_split_bf16(const at::BFloat16* q, const at::BFloat16* k_cache, const
   const at::BFloat16* krow[kSplitKeys];
   const at::BFloat16* vrow[kSplitKeys];
   row_pointers(k_cache, v_cache, table, begin, n, block_size, head_dim, kv_head_stride, krow, vrow);
-  for (int t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_row(krow[t], row_bytes);
 
   // 1. scores [group][keys], -inf past the split's keys up to the chunk's end
   alignas(64) float scores[kMaxGroup][kSplitKeys];
@@ -427,7 +429,6 @@ void attend_split_amx(const at::BFloat16* q, const at::BFloat16* k_cache, const 
   const at::BFloat16* krow[kSplitKeys];
   const at::BFloat16* vrow[kSplitKeys];
   row_pointers(k_cache, v_cache, table, begin, n, block_size, head_dim, kv_head_stride, krow, vrow);
-  for (int t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_row(krow[t], row_bytes);
 
   // 1. scores [group][keys], -inf past the split's keys up to the chunk's end
   alignas(64) uint32_t q_tiles[C2][16][16] = {};  // [32 dimensions][pair p][head]: q's bf16 pairs
