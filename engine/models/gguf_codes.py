@@ -114,18 +114,16 @@ class GroupCodes:
 
     def amx_tiles(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(codes, scales, mins) in amx_linear.cpp's layout: per 16 outputs and group, a matrix-unit
-        tile of 16 input pairs whose lanes 2c + i are output c at input 2p + i, outputs 0..7 ("low")
-        and 8..15 ("high") apart (Q4_1: uint8 [out / 16, in / 32, 16, 16], byte j the low lane j in
-        its low nibble and the high lane j in its high one; Q8_0: int8 [out / 16, in / 32, 16, 32],
-        the low lanes then the high ones), and float16 [out / 16, in / 32, 16] (an empty mins for
-        Q8_0)."""
+        tile row per output, its 32 inputs in order (Q4_1: uint8 [out / 16, in / 32, 8, 32], byte k
+        of block s output 2s's code for input k in its low nibble and output 2s + 1's in its high
+        one; Q8_0: int8 [out / 16, in / 32, 16, 32]), and float16 [out / 16, in / 32, 16] (an empty
+        mins for Q8_0)."""
         assert self.amx_tiles_ready, f"{self.shape}: needs a multiple of 32 outputs"
         out, inputs = self.shape
         groups = inputs // GROUP
         values = self._q4_values() if self.format == "q4_1" else self.codes.view(out, groups, GROUP)
-        # [tile, output c, group, pair p, i] -> [tile, group, p, c * 2 + i]: lanes 0..15 low, 16..31 high
-        lanes = values.reshape(out // 16, 16, groups, 16, 2).permute(0, 2, 3, 1, 4).reshape(out // 16, groups, 16, 32)
-        codes = lanes[..., :16] | (lanes[..., 16:] << 4) if self.format == "q4_1" else lanes
+        rows = values.view(out // 16, 16, groups, GROUP).transpose(1, 2)  # [tile, group, output, input]
+        codes = rows[:, :, 0::2] | (rows[:, :, 1::2] << 4) if self.format == "q4_1" else rows
         mins = torch.empty(0, dtype=torch.float16) if self.mins is None else self._per_tile(self.mins)
         return codes.contiguous(), self._per_tile(self.scales), mins
 

@@ -82,15 +82,15 @@ def test_the_tiles_hold_every_code_once(fmt):
     tiles, scales, mins = codes.amx_tiles()
     assert scales.shape == (2, 2, 16) and torch.equal(scales.transpose(1, 2).reshape(32, 2), codes.scales)
     if fmt == "q4_1":
-        assert tiles.shape == (2, 2, 16, 16) and torch.equal(mins.transpose(1, 2).reshape(32, 2), codes.mins)
-        lanes = torch.cat((tiles & 0x0F, tiles >> 4), dim=-1)  # [tile, group, pair, 32 lanes]
+        assert tiles.shape == (2, 2, 8, 32) and torch.equal(mins.transpose(1, 2).reshape(32, 2), codes.mins)
+        # block s: output 2s in the low nibbles, 2s + 1 in the high ones
+        rows = torch.stack((tiles & 0x0F, tiles >> 4), dim=3).reshape(2, 2, 16, 32)
         values = codes._q4_values()
     else:
         assert tiles.shape == (2, 2, 16, 32) and mins.numel() == 0
-        lanes, values = tiles, codes.codes.view(32, 2, 32)
-    # lane 2c + i of pair p: output c of the tile, input 2p + i of the group
-    q = lanes.view(2, 2, 16, 16, 2).permute(0, 3, 1, 2, 4).reshape(32, 2, 32)
-    assert torch.equal(q, values)
+        rows, values = tiles, codes.codes.view(32, 2, 32)
+    # [tile, group, output, input] -> [output, group, input]
+    assert torch.equal(rows.transpose(1, 2).reshape(32, 2, 32), values)
 
 
 def test_inputs_the_kernel_refuses():

@@ -7,14 +7,19 @@
 // GroupCodes.dequantize().to(bfloat16) rounds them. TDPBF16PS multiplies them by the bf16 inputs
 // and adds in float32; out is float32 (logits) or x's dtype.
 //
+// The weights are the A operand (a tile row: one output's 32 inputs of a group, one scale and one
+// minimum) and the inputs the B operand, so C is outputs x rows and is transposed on the way out.
+// Why: a tile row of one output is made with one table lookup. A Q4_1 code has 16 values per
+// output and group; VPERMW looks 32 words up in a 32-word table, so two outputs' tables (16 FMAs
+// of d * [0..15] + m each, rounded to bf16 by one VCVTNE2PS2BF16) turn 64 codes into two tile rows
+// in two lookups: ~10 vector instructions where converting each code to float32 took 18. The
+// de-quantization, not the matrix unit, bounds a step of up to ~48 rows.
+//
 // Layout ("amx tiles", engine/models/gguf_codes.py packs them), per 16 outputs and group of 32
-// inputs: a B tile of 16 rows, row p the input pair (2p, 2p + 1) of every output, in TDPBF16PS's
-// order (word 2c + i = output c at input 2p + i). A row's 32 words are made from two vectors of
-// 16 float32 lanes: "low" (lanes 2c + i for outputs c = 0..7) and "high" (outputs 8..15), as
-// VCVTNE2PS2BF16 joins them.
-//   Q4_1 codes  uint8 [N/16, K/32, 16, 16]: byte j of row p holds low lane j's code in its low
-//               nibble and high lane j's in its high nibble
-//   Q8_0 codes  int8  [N/16, K/32, 16, 32]: row p's low lanes' codes, then its high lanes'
+// inputs:
+//   Q4_1 codes  uint8 [N/16, K/32, 8, 32]: byte k of block s holds output 2s's code for input k in
+//               its low nibble and output 2s + 1's in its high nibble
+//   Q8_0 codes  int8  [N/16, K/32, 16, 32]: output r's 32 codes
 //   scales, mins float16 [N/16, K/32, 16] (mins: Q4_1 only)
 // x [M, K] bfloat16 (K a multiple of 32), out [M, N] (N a multiple of 32).
 //
@@ -35,12 +40,12 @@
 namespace {
 
 constexpr int64_t kGroup = 32;
-constexpr int64_t kTileN = 16;    // outputs per B tile
-constexpr int64_t kTileM = 16;    // rows per A and C tile
+constexpr int64_t kTileN = 16;    // outputs per A tile
+constexpr int64_t kTileM = 16;    // rows per B tile
 constexpr int64_t kTileBytes = 1024;  // 16 rows x 64 bytes: every tile here
 constexpr int64_t kPrefetchTiles = 24;
 constexpr int64_t kDequantizeAhead = 1;
-constexpr int64_t kRing = kDequantizeAhead + 1;  // groups of B tiles in flight
+constexpr int64_t kRing = kDequantizeAhead + 1;  // groups of A tiles in flight
 
 #if defined(LLM_SERVE_AMX)
 using llm_serve::configure_tiles;
@@ -49,37 +54,93 @@ using llm_serve::round_to;
 using llm_serve::silu_mul16;
 using llm_serve::store16;
 
-// tiles 0, 1: A (rows 0-15 and 16-31 of a chunk); 2, 3: B (two sets of 16 outputs); 4-7: C
 enum class Format { kQ4_1, kQ8_0 };
 
-// Lanes 2c + i of the low vector are outputs c = 0..7, of the high one 8..15: a tile's 16
-// float32 scales (or mins) spread to the two.
-inline void spread(const at::Half* p, __m512& low, __m512& high) {
-  const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  low = _mm512_permutexvar_ps(lo_idx, v);
-  high = _mm512_permutexvar_ps(_mm512_add_epi32(lo_idx, _mm512_set1_epi32(8)), v);
+// 16 vectors of 16 32-bit lanes transposed in place (r[i][j] <-> r[j][i])
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // r[4b + j] now holds, in each 128-bit lane L, rows 4b..4b+3's column 4L + j
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+  }
 }
 
-// One B tile (16 outputs x one group) de-quantized into `tile` (1024 bytes)
+// The B tiles of x's rows m0..m0+15 (zeros past M): tile g, row p = the 16 rows' input pair
+// (32g + 2p, 32g + 2p + 1), word 2t + i = row t's input 32g + 2p + i
+inline void pack_inputs(const at::BFloat16* x, int64_t M, int64_t K, int64_t m0, uint8_t* tiles) {
+  for (int64_t g = 0; g < K / kGroup; ++g) {
+    __m512i r[16];
+    for (int t = 0; t < 16; ++t)
+      r[t] = m0 + t < M ? _mm512_loadu_si512(x + (m0 + t) * K + g * kGroup) : _mm512_setzero_si512();
+    transpose16(r);
+    for (int p = 0; p < 16; ++p) _mm512_store_si512(tiles + g * kTileBytes + p * 64, r[p]);
+  }
+}
+
+// One A tile (16 outputs x one group) de-quantized into `tile` (1024 bytes): row r, word k the
+// weight of output r at input k
 template <Format F>
 inline void dequantize_tile(const uint8_t* codes, const at::Half* scales, const at::Half* mins, uint8_t* tile) {
-  __m512 d_lo, d_hi, m_lo = _mm512_setzero_ps(), m_hi = _mm512_setzero_ps();
-  spread(scales, d_lo, d_hi);
-  if constexpr (F == Format::kQ4_1) spread(mins, m_lo, m_hi);
-  for (int p = 0; p < 16; ++p) {
-    __m512 lo, hi;
-    if constexpr (F == Format::kQ4_1) {
-      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + p * 16)));
-      lo = _mm512_fmadd_ps(d_lo, _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0F))), m_lo);
-      hi = _mm512_fmadd_ps(d_hi, _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), m_hi);
-    } else {
-      const auto* q = reinterpret_cast<const __m128i*>(codes + p * 32);
-      lo = _mm512_mul_ps(d_lo, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
-      hi = _mm512_mul_ps(d_hi, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
+  alignas(64) float d[16], m[16];
+  _mm512_store_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales))));
+  if constexpr (F == Format::kQ4_1) {
+    _mm512_store_ps(m, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins))));
+    // each d[r], m[r] broadcast from memory (a load-port-only VBROADCASTSS): left to itself the
+    // compiler takes them from the registers with VPERMD, on the shuffle port the lookups need
+    asm volatile("" : : "r"(d), "r"(m) : "memory");
+    const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i low_nibble = _mm512_set1_epi16(0x0F), second_table = _mm512_set1_epi16(0x10);
+    for (int s = 0; s < 8; ++s) {
+      // words 0..15: output 2s's 16 possible weights, words 16..31: output 2s + 1's
+      const __m512 w0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(d[2 * s]), _mm512_set1_ps(m[2 * s]));
+      const __m512 w1 = _mm512_fmadd_ps(iota, _mm512_set1_ps(d[2 * s + 1]), _mm512_set1_ps(m[2 * s + 1]));
+      const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(w1, w0));
+      const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + s * 32)));
+      _mm512_store_si512(tile + (2 * s) * 64, _mm512_permutexvar_epi16(_mm512_and_si512(b, low_nibble), table));
+      _mm512_store_si512(tile + (2 * s + 1) * 64,
+                         _mm512_permutexvar_epi16(_mm512_or_si512(_mm512_srli_epi16(b, 4), second_table), table));
     }
-    _mm512_store_si512(tile + p * 64, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  } else {
+    for (int r = 0; r < 16; ++r) {
+      const auto* q = reinterpret_cast<const __m128i*>(codes + r * 32);
+      const __m512 dr = _mm512_set1_ps(d[r]);
+      const __m512 lo = _mm512_mul_ps(dr, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
+      const __m512 hi = _mm512_mul_ps(dr, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
+      _mm512_store_si512(tile + r * 64, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
   }
+}
+
+// Rows r0.. (up to 16, fewer past M) of out, columns n0..n0+15, from c [16 outputs][16 rows]
+template <typename Out>
+inline void store_transposed(const float* c, Out* out, int64_t ld, int64_t r0, int64_t n0, int64_t M) {
+  __m512i r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(c + i * 16);
+  transpose16(r);
+  for (int64_t t = 0; t < kTileM && r0 + t < M; ++t) store16(out + (r0 + t) * ld + n0, _mm512_castsi512_ps(r[t]));
+}
+
+// 1 KB-aligned per-thread buffers that grow as needed
+inline uint8_t* aligned_buffer(std::vector<uint8_t>& storage, size_t bytes) {
+  if (storage.size() < bytes + 64) storage.resize(bytes + 64);
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
 }
 
 template <Format F, bool Gated, typename Out>
@@ -87,28 +148,21 @@ void amx_linear_impl(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t*
                      const at::Half* mins, Out* out, int64_t N) {
   const int64_t G = K / kGroup, tile_code_bytes = F == Format::kQ4_1 ? 256 : 512;
   const int64_t pairs = N / (2 * kTileN);
-  // rows in chunks of 32 (two A tiles); a last chunk's missing rows read zeros from a padded copy
-  const int64_t padded_m = (M + kTileM - 1) / kTileM * kTileM;
-  std::vector<at::BFloat16> x_padded;
-  const at::BFloat16* xa = x;
-  if (padded_m != M) {
-    x_padded.assign(padded_m * K, at::BFloat16(0.f));
-    std::copy(x, x + M * K, x_padded.begin());
-    xa = x_padded.data();
-  }
-  const int64_t x_stride = K * static_cast<int64_t>(sizeof(at::BFloat16));
+  const int64_t row_blocks = (M + kTileM - 1) / kTileM;
   llm_serve::parallel_chunks(0, pairs, 1, [&](llm_serve::Chunks& chunks) {
     configure_tiles();
+    // every row block's B tiles, made by each thread for itself (x is small beside the weights:
+    // a few microseconds, against a second pass over memory to share them)
+    thread_local std::vector<uint8_t> input_storage, weight_storage;
+    uint8_t* xb = aligned_buffer(input_storage, row_blocks * G * kTileBytes);
+    for (int64_t rb = 0; rb < row_blocks; ++rb) pack_inputs(x, M, K, rb * kTileM, xb + rb * G * kTileBytes);
     // this pair's two sets of 16 outputs de-quantized: over the whole K ([2][G] tiles) where later
     // rows read them again; for one chunk of rows, a ring of the groups in flight ([kRing][2]),
     // which stays in L1 beside x
-    const bool ring = padded_m <= 2 * kTileM;
-    std::vector<uint8_t> storage((ring ? 2 * kRing : 2 * G) * kTileBytes + 64);
-    uint8_t* b = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
-    const auto b_tile = [&](int s, int64_t g) {
-      return b + (ring ? (g % kRing) * 2 + s : s * G + g) * kTileBytes;
-    };
-    alignas(64) float c[4][kTileM * kTileN];
+    const bool ring = row_blocks <= 2;
+    uint8_t* a = aligned_buffer(weight_storage, (ring ? 2 * kRing : 2 * G) * kTileBytes);
+    const auto a_tile = [&](int s, int64_t g) { return a + (ring ? (g % kRing) * 2 + s : s * G + g) * kTileBytes; };
+    alignas(64) float c[4][kTileN * kTileM];
     // one pair of 16-output tiles over every row
     const auto run_pair = [&](int64_t pair) {
       const auto dequantize_group = [&](int64_t g) {
@@ -121,58 +175,54 @@ void amx_linear_impl(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t*
           if constexpr (F == Format::kQ4_1)
             _mm_prefetch(reinterpret_cast<const char*>(mins + (tile + kPrefetchTiles) * kTileN), _MM_HINT_T0);
           dequantize_tile<F>(codes + tile * tile_code_bytes, scales + tile * kTileN,
-                             F == Format::kQ4_1 ? mins + tile * kTileN : nullptr, b_tile(s, g));
+                             F == Format::kQ4_1 ? mins + tile * kTileN : nullptr, a_tile(s, g));
         }
       };
       // each group's tiles de-quantized one group before the matrix unit first takes them (for the
       // first 32 rows), so the vector units make the next group's while the tile multiplies run and
       // a tile load never waits for the stores that made its tile; later rows read them from the
-      // buffer
-      for (int64_t m0 = 0; m0 < padded_m; m0 += 2 * kTileM) {
-        const bool two = m0 + kTileM < padded_m;
+      // buffer. C tiles: 4 + s (outputs s, row block 0), 6 + s (row block 1)
+      for (int64_t rb0 = 0; rb0 < row_blocks; rb0 += 2) {
+        const bool two = rb0 + 1 < row_blocks;
         _tile_zero(4);
         _tile_zero(5);
         _tile_zero(6);
         _tile_zero(7);
-        const at::BFloat16* a0 = xa + m0 * K;
-        if (m0 == 0)
+        const uint8_t* b0 = xb + rb0 * G * kTileBytes;
+        if (rb0 == 0)
           for (int64_t g = 0; g < std::min<int64_t>(kDequantizeAhead, G); ++g) dequantize_group(g);
         for (int64_t g = 0; g < G; ++g) {
-          if (m0 == 0 && g + kDequantizeAhead < G) dequantize_group(g + kDequantizeAhead);
-          _tile_loadd(0, a0 + g * kGroup, x_stride);
-          _tile_loadd(2, b_tile(0, g), 64);
-          _tile_loadd(3, b_tile(1, g), 64);
+          _tile_loadd(0, a_tile(0, g), 64);
+          _tile_loadd(1, a_tile(1, g), 64);
+          _tile_loadd(2, b0 + g * kTileBytes, 64);
           _tile_dpbf16ps(4, 0, 2);
-          _tile_dpbf16ps(5, 0, 3);
+          _tile_dpbf16ps(5, 1, 2);
           if (two) {
-            _tile_loadd(1, a0 + kTileM * K + g * kGroup, x_stride);
-            _tile_dpbf16ps(6, 1, 2);
+            _tile_loadd(3, b0 + (G + g) * kTileBytes, 64);
+            _tile_dpbf16ps(6, 0, 3);
             _tile_dpbf16ps(7, 1, 3);
           }
+          if (rb0 == 0 && g + kDequantizeAhead < G) dequantize_group(g + kDequantizeAhead);
         }
         _tile_stored(4, c[0], 64);
         _tile_stored(5, c[1], 64);
         _tile_stored(6, c[2], 64);
         _tile_stored(7, c[3], 64);
-        if constexpr (Gated) {  // silu(gate) * up: tiles 2rb (gate) and 2rb + 1 (up) of row block rb
-          for (int rb = 0; rb < (two ? 2 : 1); ++rb)
-            for (int64_t r = 0; r < kTileM && m0 + rb * kTileM + r < M; ++r) {
-              const __m512 gate = round_to<at::BFloat16>(_mm512_load_ps(c[2 * rb] + r * kTileN));
-              const __m512 up = round_to<at::BFloat16>(_mm512_load_ps(c[2 * rb + 1] + r * kTileN));
-              store16(out + (m0 + rb * kTileM + r) * (N / 2) + pair * kTileN, silu_mul16<at::BFloat16>(gate, up));
+        for (int rb = 0; rb < (two ? 2 : 1); ++rb) {
+          const int64_t r0 = (rb0 + rb) * kTileM;
+          const float* gate_or_first = c[2 * rb];
+          const float* up_or_second = c[2 * rb + 1];
+          if constexpr (Gated) {  // silu(gate) * up, rounded to bf16 as silu_and_mul rounds it by the store
+            alignas(64) float result[kTileN * kTileM];
+            for (int o = 0; o < kTileN; ++o) {
+              const __m512 gate = round_to<at::BFloat16>(_mm512_load_ps(gate_or_first + o * kTileM));
+              const __m512 up = round_to<at::BFloat16>(_mm512_load_ps(up_or_second + o * kTileM));
+              _mm512_store_ps(result + o * kTileM, silu_mul16<at::BFloat16>(gate, up));
             }
-        } else {
-          for (int t = 0; t < (two ? 4 : 2); ++t) {
-            const int64_t r0 = m0 + (t / 2) * kTileM, n0 = (2 * pair + t % 2) * kTileN;
-            for (int64_t r = 0; r < kTileM && r0 + r < M; ++r) {
-              Out* dst = out + (r0 + r) * N + n0;
-              const float* src = c[t] + r * kTileN;
-              if constexpr (std::is_same_v<Out, float>)
-                _mm512_storeu_ps(dst, _mm512_load_ps(src));
-              else
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
-                                    reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(src))));
-            }
+            store_transposed(result, out, N / 2, r0, pair * kTileN, M);
+          } else {
+            store_transposed(gate_or_first, out, N, r0, 2 * pair * kTileN, M);
+            store_transposed(up_or_second, out, N, r0, (2 * pair + 1) * kTileN, M);
           }
         }
       }
@@ -204,8 +254,8 @@ bool check_amx_inputs(const at::Tensor& x, const at::Tensor& codes, const at::Te
   TORCH_CHECK(format == "q4_1" || format == "q8_0", "format q4_1 or q8_0");
   const bool q4 = format == "q4_1";
   TORCH_CHECK(codes.dim() == 4 && codes.is_contiguous() && scales.is_contiguous() && scales.dim() == 3,
-              "codes [out/16, in/32, 16, 16 or 32], scales [out/16, in/32, 16]");
-  TORCH_CHECK(x.size(1) == codes.size(1) * kGroup && codes.size(3) == (q4 ? 16 : 32) &&
+              "codes [out/16, in/32, 8 or 16, 32], scales [out/16, in/32, 16]");
+  TORCH_CHECK(x.size(1) == codes.size(1) * kGroup && codes.size(2) == (q4 ? 8 : 16) && codes.size(3) == 32 &&
                   codes.size(0) * kTileN % (2 * kTileN) == 0,
               "codes do not match x, or outputs not a multiple of 32");
   TORCH_CHECK(!q4 || (mins.is_contiguous() && mins.sizes() == scales.sizes()), "q4_1 needs mins like scales");
