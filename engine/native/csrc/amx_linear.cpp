@@ -165,23 +165,24 @@ void amx_linear_impl(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t*
     alignas(64) float c[4][kTileN * kTileM];
     // one pair of 16-output tiles over every row
     const auto run_pair = [&](int64_t pair) {
-      const auto dequantize_group = [&](int64_t g) {
-        for (int s = 0; s < 2; ++s) {
-          const int64_t tile = (Gated ? pair + s * pairs : 2 * pair + s) * G + g;
-          const uint8_t* ahead = codes + (tile + kPrefetchTiles) * tile_code_bytes;
-          for (int64_t off = 0; off < tile_code_bytes; off += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(scales + (tile + kPrefetchTiles) * kTileN), _MM_HINT_T0);
-          if constexpr (F == Format::kQ4_1)
-            _mm_prefetch(reinterpret_cast<const char*>(mins + (tile + kPrefetchTiles) * kTileN), _MM_HINT_T0);
-          dequantize_tile<F>(codes + tile * tile_code_bytes, scales + tile * kTileN,
-                             F == Format::kQ4_1 ? mins + tile * kTileN : nullptr, a_tile(s, g));
-        }
+      // tile s (the pair's first or second 16 outputs) of group g
+      const auto dequantize = [&](int s, int64_t g) {
+        const int64_t tile = (Gated ? pair + s * pairs : 2 * pair + s) * G + g;
+        const uint8_t* ahead = codes + (tile + kPrefetchTiles) * tile_code_bytes;
+        for (int64_t off = 0; off < tile_code_bytes; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(scales + (tile + kPrefetchTiles) * kTileN), _MM_HINT_T0);
+        if constexpr (F == Format::kQ4_1)
+          _mm_prefetch(reinterpret_cast<const char*>(mins + (tile + kPrefetchTiles) * kTileN), _MM_HINT_T0);
+        dequantize_tile<F>(codes + tile * tile_code_bytes, scales + tile * kTileN,
+                           F == Format::kQ4_1 ? mins + tile * kTileN : nullptr, a_tile(s, g));
       };
       // each group's tiles de-quantized one group before the matrix unit first takes them (for the
-      // first 32 rows), so the vector units make the next group's while the tile multiplies run and
-      // a tile load never waits for the stores that made its tile; later rows read them from the
-      // buffer. C tiles: 4 + s (outputs s, row block 0), 6 + s (row block 1)
+      // first 32 rows), so a tile load never waits for the stores that made its tile; later rows
+      // read them from the buffer. The next group's two tiles are made one beside each half of this
+      // group's products (tile 0's products, next tile 0, tile 1's products, next tile 1): with all
+      // of them after the products the vector and matrix units barely overlapped (32 rows: 2.13 ->
+      // 1.83 ms for 30 gate/up layers). C tiles: 4 + s (outputs s, row block 0), 6 + s (block 1)
       for (int64_t rb0 = 0; rb0 < row_blocks; rb0 += 2) {
         const bool two = rb0 + 1 < row_blocks;
         _tile_zero(4);
@@ -190,19 +191,24 @@ void amx_linear_impl(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t*
         _tile_zero(7);
         const uint8_t* b0 = xb + rb0 * G * kTileBytes;
         if (rb0 == 0)
-          for (int64_t g = 0; g < std::min<int64_t>(kDequantizeAhead, G); ++g) dequantize_group(g);
+          for (int64_t g = 0; g < std::min<int64_t>(kDequantizeAhead, G); ++g) {
+            dequantize(0, g);
+            dequantize(1, g);
+          }
         for (int64_t g = 0; g < G; ++g) {
+          const bool ahead = rb0 == 0 && g + kDequantizeAhead < G;
           _tile_loadd(0, a_tile(0, g), 64);
-          _tile_loadd(1, a_tile(1, g), 64);
           _tile_loadd(2, b0 + g * kTileBytes, 64);
           _tile_dpbf16ps(4, 0, 2);
-          _tile_dpbf16ps(5, 1, 2);
           if (two) {
             _tile_loadd(3, b0 + (G + g) * kTileBytes, 64);
             _tile_dpbf16ps(6, 0, 3);
-            _tile_dpbf16ps(7, 1, 3);
           }
-          if (rb0 == 0 && g + kDequantizeAhead < G) dequantize_group(g + kDequantizeAhead);
+          if (ahead) dequantize(0, g + kDequantizeAhead);
+          _tile_loadd(1, a_tile(1, g), 64);
+          _tile_dpbf16ps(5, 1, 2);
+          if (two) _tile_dpbf16ps(7, 1, 3);
+          if (ahead) dequantize(1, g + kDequantizeAhead);
         }
         _tile_stored(4, c[0], 64);
         _tile_stored(5, c[1], 64);
