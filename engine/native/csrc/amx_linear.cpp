@@ -137,7 +137,7 @@ inline void store_transposed(const float* c, Out* out, int64_t ld, int64_t r0, i
   for (int64_t t = 0; t < kTileM && r0 + t < M; ++t) store16(out + (r0 + t) * ld + n0, _mm512_castsi512_ps(r[t]));
 }
 
-// 1 KB-aligned per-thread buffers that grow as needed
+// 64-byte-aligned per-thread buffers that grow as needed
 inline uint8_t* aligned_buffer(std::vector<uint8_t>& storage, size_t bytes) {
   if (storage.size() < bytes + 64) storage.resize(bytes + 64);
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
@@ -158,7 +158,7 @@ void amx_linear_impl(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t*
     for (int64_t rb = 0; rb < row_blocks; ++rb) pack_inputs(x, M, K, rb * kTileM, xb + rb * G * kTileBytes);
     // this pair's two sets of 16 outputs de-quantized: over the whole K ([2][G] tiles) where later
     // rows read them again; for one chunk of rows, a ring of the groups in flight ([kRing][2]),
-    // which stays in L1 beside x
+    // which stays in L1 beside the packed rows
     const bool ring = row_blocks <= 2;
     uint8_t* a = aligned_buffer(weight_storage, (ring ? 2 * kRing : 2 * G) * kTileBytes);
     const auto a_tile = [&](int s, int64_t g) { return a + (ring ? (g % kRing) * 2 + s : s * G + g) * kTileBytes; };
