@@ -353,6 +353,7 @@ void attend_split_bf16(const at::BFloat16* q, const at::BFloat16* k_cache, const
   const at::BFloat16* krow[kSplitKeys];
   const at::BFloat16* vrow[kSplitKeys];
   row_pointers(k_cache, v_cache, table, begin, n, block_size, head_dim, kv_head_stride, krow, vrow);
+  NextItemRows& next_rows = next_item_rows;  // (one thread-local lookup, not one per use)
 
   // 1. scores [group][keys], -inf past the split's keys up to the chunk's end
   alignas(64) float scores[kMaxGroup][kSplitKeys];
@@ -366,7 +367,7 @@ void attend_split_bf16(const at::BFloat16* q, const at::BFloat16* k_cache, const
       prefetch_row(vrow[j], row_bytes);
       if (j + kPrefetchKeys < n) prefetch_row(krow[j + kPrefetchKeys], row_bytes);
     }
-    next_item_rows.issue(1);
+    next_rows.issue(1);
     const __mmask16 valid = static_cast<__mmask16>((1u << m) - 1);
     for (int64_t g = 0; g < group; ++g) {
       __m512 parts[kChunk];
@@ -391,7 +392,7 @@ void attend_split_bf16(const at::BFloat16* q, const at::BFloat16* k_cache, const
   const int num_pairs = (n + 1) / 2;
   __m512i pairs[kSplitKeys / 2][C2][2];  // [key pair][32 dimensions][unpacklo, unpackhi]
   for (int jp = 0; jp < num_pairs; ++jp) {
-    if (jp % 8 == 7) next_item_rows.issue(1);
+    if (jp % 8 == 7) next_rows.issue(1);
     for (int c = 0; c < C2; ++c) {
       const __m512i a = _mm512_loadu_si512(vrow[2 * jp] + 32 * c);
       const __m512i b = 2 * jp + 1 < n ? _mm512_loadu_si512(vrow[2 * jp + 1] + 32 * c) : _mm512_setzero_si512();
