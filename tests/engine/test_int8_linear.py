@@ -55,6 +55,24 @@ def test_a_row_does_not_depend_on_the_batch():
         assert torch.equal(native.int8_linear(x[r:r + 1], codes, scales, True)[0], batch[r])
 
 
+def test_calls_of_other_sizes_in_between_change_nothing():
+    # the kernel keeps its quantized activations' buffers between calls: a large call, then a
+    # small one, then the large one again on another thread count, each as it is alone
+    g = torch.Generator().manual_seed(11)
+    big, small = torch.randn(64, 1536, generator=g).bfloat16(), torch.randn(3, 576, generator=g).bfloat16()
+    big_w, small_w = pack_int8(torch.randn(48, 1536, generator=g)), pack_int8(torch.randn(32, 576, generator=g))
+    first = native.int8_linear(big, *big_w, True)
+    torch.testing.assert_close(native.int8_linear(small, *small_w, True), _reference(small, *small_w), rtol=1e-5,
+                               atol=1e-5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(native.int8_linear(big, *big_w, True), first)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(native.int8_linear(big, *big_w, True), first)
+
+
 def test_packing_keeps_each_output_within_half_a_step():
     weight = torch.randn(48, 128, generator=torch.Generator().manual_seed(3))
     codes, scales = pack_int8(weight)

@@ -91,7 +91,8 @@ inline void rows_of_tile(const Activations& a, const uint8_t* w, const float* w_
 
 template <typename In, typename Out>
 void run(const In* x, const uint8_t* w, const float* w_scale, int64_t M, int64_t K, int64_t N, Out* out) {
-  Activations a;
+  thread_local Activations buffers;
+  Activations& a = buffers;  // (the lambdas below, run by other threads, must see this thread's)
   quantize_rows(x, M, K, a);
   const int64_t vectors = N / kVector, tiles = (vectors + kTileVectors - 1) / kTileVectors;
   // a thread takes whole tiles: each tile's weights (K x 48 bytes) stay in L1/L2 over the rows
