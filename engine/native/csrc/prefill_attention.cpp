@@ -14,15 +14,14 @@
 // it per sequence, after gathering a cached prefix's blocks into a copy.
 //
 // A work item is (chunk, kv head, kQueryTile positions): the rows of the GQA group's query heads at
-// those positions. The item first copies the keys its rows can see into two packed buffers,
-// shared by all its rows:
-//  - K in tiles of 16 keys, transposed to [dimension pair][16 keys][2 words], so one VDPBF16PS
-//    with a query's dimension pair broadcast adds to 16 keys' scores at once (no horizontal sums);
-//  - V in pairs of keys interleaved word by word (unpacklo / unpackhi, as the decode kernel
-//    does), so one VDPBF16PS with the pair's two weights broadcast adds both rows, 16 dimensions.
-// Then kRows rows at a time go over the tiles with an online softmax (float32 scores and sums;
-// each weight rounded to bfloat16 for the product with V, as torch's flash attention rounds its
-// probabilities before that product), the rows' sums in registers throughout.
+// those positions. The item first copies the keys its rows can see into two packed float32
+// buffers, shared by all its rows:
+//  - K in tiles of 16 keys, transposed to [dimension][16 keys], so one FMA with a query element
+//    broadcast adds to 16 keys' scores at once (no horizontal sums);
+//  - V as rows.
+// Then a few rows at a time go over the tiles: all scores, one softmax per row (float32; each
+// weight rounded to bfloat16 for the product with V, as torch's flash attention rounds its
+// probabilities before that product), then the weighted sum of V.
 #include <ATen/ATen.h>
 
 #include "parallel.h"
