@@ -133,17 +133,9 @@ inline void prefetch_row(const void* row, int64_t bytes) { llm_serve::prefetch_l
 #if defined(__AVX512F__)
 constexpr int kChunk = 16;  // keys per vector of scores
 
-// r[j] = the sum of the 16 lanes of v[j], j = 0..15 (pairs, then quads within 128-bit lanes,
-// then across them)
+// r[j] = the sum of the 16 lanes of v[j], j = 0..15
 inline __m512 sum_lanes16(const __m512* v) {
-  __m512 a[8], b[4];
-  for (int i = 0; i < 8; ++i)
-    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i)
-    b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44), _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
-  const __m512 c0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
-  const __m512 c1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
+  return llm_serve::reduce_lanes16(v, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
 }
 
 // One chunk's step of the online softmax: scores (lanes past the chunk's keys masked) -> the

@@ -7,6 +7,7 @@
 #include "parallel.h"
 #include "vec16.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -44,25 +45,56 @@ struct Activations {
 };
 
 #if defined(__AVX512VNNI__)
+// groups first..first+n of x (n <= 16; the rows' groups one after another): each group's codes,
+// scale and offset. Sixteen groups' maxima and sums come out of one transposing reduction each
+// rather than a horizontal reduction per group, the same values (max and integer sums are exact
+// in any order; the divisions are the scalar ones, lane by lane).
+template <typename In>
+inline void quantize_groups(const In* x, int64_t first, int n, Activations& a) {
+  __m512 parts[16];
+  for (int j = 0; j < 16; ++j) {
+    if (j < n) {
+      const In* xg = x + (first + j) * kActivationGroup;
+      parts[j] = _mm512_max_ps(_mm512_abs_ps(load16(xg)), _mm512_abs_ps(load16(xg + 16)));
+    } else {
+      parts[j] = _mm512_setzero_ps();
+    }
+  }
+  const __m512 amax = reduce_lanes16(parts, [](__m512 p, __m512 q) { return _mm512_max_ps(p, q); });
+  const __mmask16 positive = _mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_GT_OQ);
+  const __m512 inv = _mm512_maskz_div_ps(positive, _mm512_set1_ps(127.f), amax);  // 0 where amax is 0
+  const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+  _mm512_mask_storeu_ps(a.scale.data() + first, valid, _mm512_div_ps(amax, _mm512_set1_ps(127.f)));
+  __m512 sums[16];
+  for (int j = 0; j < 16; ++j) {
+    if (j < n) {
+      const int64_t i = first + j;
+      const In* xg = x + i * kActivationGroup;
+      const __m512 scale = _mm512_permutexvar_ps(_mm512_set1_epi32(j), inv);
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(load16(xg), scale));  // nearest, ties to even
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(load16(xg + 16), scale));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + i * kActivationGroup), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + i * kActivationGroup + 16), _mm512_cvtsepi32_epi8(q1));
+      sums[j] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
+    } else {
+      sums[j] = _mm512_setzero_ps();
+    }
+  }
+  const __m512i total = _mm512_castps_si512(reduce_lanes16(sums, [](__m512 p, __m512 q) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), _mm512_castps_si512(q)));
+  }));
+  _mm512_mask_storeu_epi32(a.offset.data() + first, valid, _mm512_mullo_epi32(total, _mm512_set1_epi32(-128)));
+}
+
 template <typename In>
 void quantize_rows(const In* x, int64_t M, int64_t K, Activations& a) {
-  const int64_t G = K / kActivationGroup;
+  const int64_t G = K / kActivationGroup, groups = M * G;
   a.q.resize(M * K);
   a.scale.resize(M * G);
   a.offset.resize(M * G);
-  llm_serve::parallel_for(0, M * G, 64, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const In* xg = x + i * kActivationGroup;
-      const __m512 v0 = load16(xg), v1 = load16(xg + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inv)));  // nearest, ties to even
-      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inv)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + i * kActivationGroup), _mm512_cvtsepi32_epi8(q0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + i * kActivationGroup + 16), _mm512_cvtsepi32_epi8(q1));
-      a.scale[i] = amax / 127.f;
-      a.offset[i] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-    }
+  llm_serve::parallel_for(0, (groups + 15) / 16, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b)
+      quantize_groups(x, b * 16, static_cast<int>(std::min<int64_t>(16, groups - b * 16)), a);
   });
 }
 #endif

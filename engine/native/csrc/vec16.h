@@ -53,6 +53,19 @@ inline void store16(at::BFloat16* p, __m512 v) {
 #endif
 }
 
+// r[j] = op over the 16 lanes of v[j], j = 0..15 (pairs, then quads within 128-bit lanes, then
+// across them); op is a lane-wise max or add, exact in any order
+template <typename Op>
+inline __m512 reduce_lanes16(const __m512* v, Op op) {
+  __m512 a[8], b[4];
+  for (int i = 0; i < 8; ++i) a[i] = op(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)
+    b[i] = op(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44), _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
+  const __m512 c0 = op(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+  const __m512 c1 = op(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+  return op(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
+}
+
 // exp over 16 float32 lanes (Cephes' expf: 2^n * e^r, |r| <= ln2 / 2, degree-5 polynomial;
 // within 2 ulp of the true value; the clamp keeps r in range, and 2^n still takes |x| > 88.7 to
 // infinity or 0 as expf does)
