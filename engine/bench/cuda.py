@@ -9,6 +9,8 @@
    memory bandwidth; target on an H200: 20k tok/s.
 2. Batch-1 decode TPOT of the same model, with the captured decode graphs and with
    --enforce-eager. Anchor: 2.72 ms with CUDA graphs (xLLM); target on an H200: 2.5 ms.
+   (Measured first: they take seconds, the offline run the most.)
+3. With --profile PATH: torch.profiler's tables of decode steps at 1 and 256 sequences.
 
 Nothing is compared against a peer in this run: the CUDA machine has none installed.
 """
@@ -62,12 +64,46 @@ def offline_throughput(engine: LLMEngine, num_seqs: int, min_len: int = 100, max
             "prompt_tokens": sum(map(len, prompts))}
 
 
-def batch1_tpot(engine: LLMEngine, prompt_len: int = 128, output_len: int = 256) -> float:
-    """Milliseconds per output token after the first, one greedy sequence."""
+def batch1_decode(engine: LLMEngine, prompt_len: int = 128, output_len: int = 256):
+    """One greedy sequence after a warm-up: the RunResult (decode rate, the per-step split)."""
     rnd = random.Random(1)
     prompt = [rnd.randint(0, min(10000, engine.vocab_size - 1)) for _ in range(prompt_len)]
     run_ours(engine, [prompt], 8)  # warm-up
-    return 1e3 / run_ours(engine, [prompt], output_len).decode_tps
+    return run_ours(engine, [prompt], output_len)
+
+
+def batch1_tpot(engine: LLMEngine, prompt_len: int = 128, output_len: int = 256) -> float:
+    """Milliseconds per output token after the first, one greedy sequence."""
+    return 1e3 / batch1_decode(engine, prompt_len, output_len).decode_tps
+
+
+def profile_decode(engine: LLMEngine, num_seqs: int, steps: int, path: Path) -> None:
+    """torch.profiler over `steps` decode steps of `num_seqs` sequences (prompts of 128 ids, run to
+    the decode phase first): the ops by device time and by host time, written to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rnd = random.Random(2)
+    top = min(10000, engine.vocab_size - 1)
+    for i in range(num_seqs):
+        engine.add_request(f"profile-{num_seqs}-{i}", [rnd.randint(0, top) for _ in range(128)],
+                           SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=steps + 16))
+    for _ in range(8):  # past the prefill, into whole decode batches
+        engine.step()
+    on_cuda = engine.device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]) as prof:
+        for _ in range(steps):
+            engine.step()
+        if on_cuda:
+            torch.cuda.synchronize(engine.device)
+    while engine.has_unfinished():
+        engine.step()
+    events = prof.key_averages()
+    with path.open("a") as f:
+        f.write(f"=== {steps} decode steps of {num_seqs} sequences: by device time ===\n")
+        f.write(events.table(sort_by="self_device_time_total" if on_cuda else "self_cpu_time_total",
+                             row_limit=25) + "\n")
+        f.write(f"=== {steps} decode steps of {num_seqs} sequences: by host time ===\n")
+        f.write(events.table(sort_by="cpu_time_total", row_limit=25) + "\n")
 
 
 def free_device_memory() -> None:
@@ -82,33 +118,42 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", default=None, metavar="PATH",
+                    help="afterwards, torch.profiler tables of decode steps at 1 and 256 sequences, into PATH")
     args = ap.parse_args(argv)
     figures: dict[str, object] = {"device": torch.cuda.get_device_name(torch.device(args.device))}
+    # each figure is printed as it is measured: a run cut short still shows what it got
+    print(f"\nQwen3-0.6B architecture, random weights, {args.dtype}, {figures['device']}", flush=True)
+    print(f"{'workload':<44}{'ours':>12}  anchor / target", flush=True)
 
-    start = time.perf_counter()
-    engine = build(args.device, args.dtype, 512, enforce_eager=False, max_model_len=4096)
-    figures["build_s"] = time.perf_counter() - start
-    figures["offline"] = offline_throughput(engine, args.num_seqs)
-    del engine
-    free_device_memory()
-    tpot = {}
+    tpot: dict[str, float] = {}
     for eager in (False, True):
         small = build(args.device, args.dtype, 8, enforce_eager=eager, max_model_len=4096)
-        tpot["eager" if eager else "graphs"] = batch1_tpot(small)
+        result = batch1_decode(small)
+        name = "eager" if eager else "graphs"
+        tpot[name] = 1e3 / result.decode_tps
+        label = "--enforce-eager" if eager else "CUDA graphs"
+        anchor = "xLLM 2.72 (graphs); target 2.5" if not eager else f"graphs {tpot[name] / tpot['graphs']:.2f}x faster"
+        print(f"{f'batch-1 TPOT, {label} (ms)':<44}{tpot[name]:>12.2f}  {anchor}", flush=True)
+        print(f"{'':<44}{'':>12}  per step: host {result.host_ms:.2f} ms (the wait for the GPU in it), "
+              f"forward launch {result.forward_ms:.2f}, sampler {result.sample_ms:.2f}", flush=True)
         del small
         free_device_memory()
     figures["tpot_ms"] = tpot
 
-    offline = figures["offline"]
-    assert isinstance(offline, dict)
-    print(f"\nQwen3-0.6B architecture, random weights, {args.dtype}, {figures['device']}")
-    print(f"{'workload':<44}{'ours':>12}  anchor / target")
+    start = time.perf_counter()
+    engine = build(args.device, args.dtype, 512, enforce_eager=False, max_model_len=4096)
+    figures["build_s"] = time.perf_counter() - start
+    offline = offline_throughput(engine, args.num_seqs)
+    figures["offline"] = offline
     print(f"{f'offline, {args.num_seqs} seqs, in/out 100..1024 (tok/s)':<44}{offline['tok_per_s']:>12.0f}"
-          f"  vLLM 8.6k, nano-vllm 10k (A800); target 20k (H200)")
-    print(f"{'batch-1 TPOT, CUDA graphs (ms)':<44}{tpot['graphs']:>12.2f}  xLLM 2.72; target 2.5")
-    print(f"{'batch-1 TPOT, --enforce-eager (ms)':<44}{tpot['eager']:>12.2f}  graphs are "
-          f"{tpot['eager'] / tpot['graphs']:.2f}x faster")
+          f"  vLLM 8.6k, nano-vllm 10k (A800); target 20k (H200)", flush=True)
     print(f"(offline: {offline['output_tokens']} output tokens, {offline['prompt_tokens']} prompt tokens in "
-          f"{offline['seconds']:.1f} s; first engine built in {figures['build_s']:.0f} s)")
+          f"{offline['seconds']:.1f} s; its engine built in {figures['build_s']:.0f} s)", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
+    if args.profile:
+        Path(args.profile).write_text("")
+        for num_seqs, steps in ((1, 30), (256, 10)):
+            profile_decode(engine, num_seqs, steps, Path(args.profile))
+        print(f"(decode-step profiles in {args.profile})", flush=True)
