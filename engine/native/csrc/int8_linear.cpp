@@ -34,7 +34,6 @@ constexpr int kTileRows = 4;     // rows per tile: 4 x 3 int32 and 4 x 3 float32
 
 #if defined(__AVX512VNNI__)
 using llm_serve::Activations;
-using llm_serve::quantize_rows;
 
 // Rows r0..r0+R of outputs v0 * 16 .. (v0 + V) * 16
 template <int R, int V, typename Out>
@@ -91,12 +90,9 @@ inline void rows_of_tile(const Activations& a, const uint8_t* w, const float* w_
 
 template <typename In, typename Out>
 void run(const In* x, const uint8_t* w, const float* w_scale, int64_t M, int64_t K, int64_t N, Out* out) {
-  thread_local Activations buffers;
-  Activations& a = buffers;  // (the lambdas below, run by other threads, must see this thread's)
-  quantize_rows(x, M, K, a);
   const int64_t vectors = N / kVector, tiles = (vectors + kTileVectors - 1) / kTileVectors;
   // a thread takes whole tiles: each tile's weights (K x 48 bytes) stay in L1/L2 over the rows
-  llm_serve::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+  llm_serve::with_own_activations(x, M, K, tiles, 1, [&](const Activations& a, int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t v0 = t * kTileVectors;
       switch (std::min<int64_t>(kTileVectors, vectors - v0)) {

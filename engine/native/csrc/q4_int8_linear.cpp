@@ -78,11 +78,9 @@ void tile_rows(const llm_serve::Activations& a, const uint8_t* codes, const at::
 template <typename In, typename Out>
 void run(const In* x, const uint8_t* codes, const at::Half* scales, const at::Half* mins, int64_t M, int64_t K,
          int64_t N, Out* out) {
-  thread_local llm_serve::Activations buffers;
-  llm_serve::Activations& a = buffers;  // (the lambdas below, run by other threads, must see this thread's)
-  llm_serve::quantize_rows(x, M, K, a);
   // a thread takes whole tiles; a tile's codes (K / 2 x 16 bytes) stay in L1/L2 over its rows
-  llm_serve::parallel_for(0, N / kOutputs, 2, [&](int64_t lo, int64_t hi) {
+  llm_serve::with_own_activations(x, M, K, N / kOutputs, 2,
+                                  [&](const llm_serve::Activations& a, int64_t lo, int64_t hi) {
     for (int64_t tile = lo; tile < hi; ++tile) {
       int64_t r = 0;
       for (; r + kMaxRows <= M; r += kMaxRows) tile_rows<kMaxRows>(a, codes, scales, mins, K, tile, r, out, N);
