@@ -3,8 +3,9 @@
     python -m engine.bench.perplexity [--formats gguf-bf16,dense-bf16,dense-f32] [--window 512]
                                       [--kv-cache-dtypes auto,int8] [--chunk 1]
 
-`engine/bench/data/perplexity.txt` (about 1,200 tokens: public-domain prose by Austen, Lincoln
-and Dickens, and a few plain paragraphs on programs and science) is cut into windows of
+`engine/bench/data/perplexity.txt` (about 3,600 tokens: public-domain prose and verse by Austen,
+Lincoln, Dickens, Melville, Carroll, Shakespeare, Jefferson, Shelley and Poe, plain paragraphs on
+programs, science and everyday things, and two short Python programs) is cut into windows of
 `--window` tokens, each scored on its own: the model reads the window once (a prefill through
 the engine's own runner and attention) and every next token's log-probability is taken from the
 logits at the position before it. Perplexity = exp(mean negative log-likelihood).

@@ -38,6 +38,9 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 # AMD CPUs: streamed data prefetched into L2, where they keep more misses in flight (prefetch.h)
 if cpuinfo_field("vendor_id") == "AuthenticAMD":
     CFLAGS.append("-DLLM_SERVE_PREFETCH_L2")
+    # and VDPBF16PS issues at the FMA's rate with twice its products: the prefill attention's
+    # products in it (prefill_attention.cpp; the Xeons issue it at half the FMA's rate)
+    CFLAGS.append("-DLLM_SERVE_BF16_DOT_ATTENTION")
 
 
 def _cpu_flags() -> str:

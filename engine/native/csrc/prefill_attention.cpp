@@ -14,14 +14,23 @@
 // it per sequence, after gathering a cached prefix's blocks into a copy.
 //
 // A work item is (chunk, kv head, kQueryTile positions): the rows of the GQA group's query heads at
-// those positions. The item first copies the keys its rows can see into two packed float32
-// buffers, shared by all its rows:
-//  - K in tiles of 16 keys, transposed to [dimension][16 keys], so one FMA with a query element
-//    broadcast adds to 16 keys' scores at once (no horizontal sums);
-//  - V as rows.
+// those positions. The item first copies the keys its rows can see into two packed buffers,
+// shared by all its rows, in one of two forms (the build picks one, below):
+//  - float32 FMAs: K in tiles of 16 keys, transposed to [dimension][16 keys], so one FMA with a
+//    query element broadcast adds to 16 keys' scores at once (no horizontal sums); V as rows.
+//  - bfloat16 pairs (VDPBF16PS, two products per float32 lane): K in tiles of 16 keys as
+//    [dimension pair][16 keys] words, so one VDPBF16PS with a query's dimension pair broadcast
+//    adds two products to each of 16 keys' scores; V as pairs of keys interleaved word by word,
+//    so one VDPBF16PS with the pair's two weights broadcast adds both keys' rows, 16 dimensions.
 // Then a few rows at a time go over the tiles: all scores, one softmax per row (float32; each
 // weight rounded to bfloat16 for the product with V, as torch's flash attention rounds its
-// probabilities before that product), then the weighted sum of V.
+// probabilities before that product), then the weighted sum of V. Both forms multiply the same
+// bfloat16 values exactly and add in float32; only the order of the additions differs.
+//
+// Which form: on the Xeons with AMX, VDPBF16PS issues once per two cycles and a float32 FMA twice
+// per cycle, so FMAs do twice the work per cycle; on the AMD EPYC (Zen 4) both issue once per
+// cycle (measured), so VDPBF16PS does twice the FMAs' work. The build defines
+// LLM_SERVE_BF16_DOT_ATTENTION there (engine/native/__init__.py).
 #include <ATen/ATen.h>
 
 #include "parallel.h"
@@ -31,9 +40,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
+#if defined(LLM_SERVE_BF16_DOT_ATTENTION) && defined(__AVX512BF16__)
+#define PREFILL_BF16_PAIRS 1
+#endif
 namespace {
 
 using llm_serve::exp16;
@@ -41,18 +54,27 @@ using llm_serve::exp16;
 constexpr int kTileKeys = 16;   // keys per packed tile: one vector of scores
 constexpr int kQueryTile = 16;  // query positions per work item
 
-// The packed keys and values of one item, in float32, head_dim = 32 * C2.
+// The packed keys and values of one item, head_dim = 32 * C2: float32, or bfloat16 pairs in words
 template <int C2>
 struct Packed {
   static constexpr int kHeadDim = 32 * C2;
+#if defined(PREFILL_BF16_PAIRS)
+  using Element = uint32_t;
+  static constexpr int kPerKey = kHeadDim / 2;
+  std::vector<uint32_t> keys;    // [tiles][head_dim / 2][16 keys]: a key's dimensions 2p, 2p + 1
+  std::vector<uint32_t> values;  // [tiles * 8][head_dim]: keys 2i, 2i + 1 of one dimension
+#else
+  using Element = float;
+  static constexpr int kPerKey = kHeadDim;
   std::vector<float> keys;    // [tiles][head_dim][16 keys]
   std::vector<float> values;  // [tiles * 16][head_dim]
+#endif
 
   void reserve(int tiles) {
-    const size_t floats = static_cast<size_t>(tiles) * kTileKeys * kHeadDim;
-    if (keys.size() < floats) {
-      keys.resize(floats);
-      values.resize(floats);
+    const size_t elements = static_cast<size_t>(tiles) * kTileKeys * kPerKey;
+    if (keys.size() < elements) {
+      keys.resize(elements);
+      values.resize(elements);
     }
   }
 };
@@ -67,35 +89,92 @@ void pack(Packed<C2>& packed, const at::BFloat16* k_head, const at::BFloat16* v_
   alignas(64) uint32_t k_rows[kTileKeys][kPairs];  // a tile's rows side by side, as dimension pairs
   const __m512i row_index = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                _mm512_set1_epi32(kPairs));
+#if defined(PREFILL_BF16_PAIRS)
+  // words 2d, 2d + 1 of a key pair's word row: dimension d of the first key, then of the second
+  alignas(64) int16_t interleave[2][32];
+  for (int w = 0; w < 32; ++w) {
+    interleave[0][w] = static_cast<int16_t>((w & 1 ? 32 : 0) + w / 2);
+    interleave[1][w] = static_cast<int16_t>((w & 1 ? 32 : 0) + 16 + w / 2);
+  }
+  const __m512i low_half = _mm512_load_si512(interleave[0]), high_half = _mm512_load_si512(interleave[1]);
+#else
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+#endif
   for (int t = 0; t < tiles; ++t) {
     const int first = t * kTileKeys, n = std::min(kTileKeys, num_keys - first);
-    float* vt = packed.values.data() + static_cast<size_t>(first) * head_dim;
+    int64_t offsets[kTileKeys];  // of each key's row in the cache; -1 past num_keys
     for (int j = 0; j < kTileKeys; ++j) {
-      if (j < n) {
-        const int64_t key = first + j;
-        const int64_t offset = (static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * head_dim;
-        std::memcpy(k_rows[j], k_head + offset, head_dim * sizeof(at::BFloat16));
-        for (int d = 0; d < head_dim; d += 16) _mm512_storeu_ps(vt + j * head_dim + d, llm_serve::load16(v_head + offset + d));
-      } else {
+      const int64_t key = first + j;
+      offsets[j] = j < n ? (static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * head_dim
+                         : -1;
+      if (j < n)
+        std::memcpy(k_rows[j], k_head + offsets[j], head_dim * sizeof(at::BFloat16));
+      else
         std::memset(k_rows[j], 0, sizeof(k_rows[j]));
+    }
+    // K transposed: one gather takes dimension pair p of the 16 keys (low words dimension 2p,
+    // high words 2p + 1)
+    typename Packed<C2>::Element* kt = packed.keys.data() + static_cast<size_t>(t) * kTileKeys * Packed<C2>::kPerKey;
+    for (int p = 0; p < kPairs; ++p) {
+      const __m512i pair = _mm512_i32gather_epi32(row_index, &k_rows[0][p], 4);
+#if defined(PREFILL_BF16_PAIRS)
+      _mm512_storeu_si512(kt + p * kTileKeys, pair);
+#else  // as float32: the low words by a shift, the high ones by a mask
+      _mm512_storeu_ps(kt + (2 * p) * kTileKeys, _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)));
+      _mm512_storeu_ps(kt + (2 * p + 1) * kTileKeys, _mm512_castsi512_ps(_mm512_and_si512(pair, high)));
+#endif
+    }
+    // V (past num_keys: zeros, so a weight of 0 times a stale row cannot make a NaN)
+    typename Packed<C2>::Element* vt = packed.values.data() + static_cast<size_t>(t) * kTileKeys * Packed<C2>::kPerKey;
+#if defined(PREFILL_BF16_PAIRS)
+    for (int i = 0; i < kTileKeys / 2; ++i) {
+      const int64_t a = offsets[2 * i], b = offsets[2 * i + 1];
+      for (int d = 0; d < head_dim; d += 32) {
+        const __m512i va = a >= 0 ? _mm512_loadu_si512(v_head + a + d) : _mm512_setzero_si512();
+        const __m512i vb = b >= 0 ? _mm512_loadu_si512(v_head + b + d) : _mm512_setzero_si512();
+        _mm512_storeu_si512(vt + i * head_dim + d, _mm512_permutex2var_epi16(va, low_half, vb));
+        _mm512_storeu_si512(vt + i * head_dim + d + 16, _mm512_permutex2var_epi16(va, high_half, vb));
+      }
+    }
+#else
+    for (int j = 0; j < kTileKeys; ++j) {
+      if (offsets[j] >= 0) {
+        for (int d = 0; d < head_dim; d += 16)
+          _mm512_storeu_ps(vt + j * head_dim + d, llm_serve::load16(v_head + offsets[j] + d));
+      } else {
         std::memset(vt + j * head_dim, 0, head_dim * sizeof(float));
       }
     }
-    // K transposed: one gather takes dimension pair p of the 16 keys; its low words are dimension
-    // 2p, its high words 2p + 1, as float32 by a shift and a mask
-    float* kt = packed.keys.data() + static_cast<size_t>(first) * head_dim;
-    for (int p = 0; p < kPairs; ++p) {
-      const __m512i pair = _mm512_i32gather_epi32(row_index, &k_rows[0][p], 4);
-      _mm512_storeu_ps(kt + (2 * p) * kTileKeys, _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)));
-      _mm512_storeu_ps(kt + (2 * p + 1) * kTileKeys, _mm512_castsi512_ps(_mm512_and_si512(pair, high)));
-    }
+#endif
   }
 }
 
-// scores[t * 16 + j] of one row's query (float32, scaled) against tile t's keys
+#if defined(PREFILL_BF16_PAIRS)
+// scores[r][u * 16 + j] of R rows' queries (bfloat16 dimension pairs) against tiles t..t+T-1's
+// keys (kt: tile t), times the scale
 template <int C2, int R, int T>
-inline void score_tiles(const float* kt, const float (*q)[32 * C2], float* const* scores) {
+inline void score_tiles(const uint32_t* kt, const uint32_t* const* q, float scale, float* const* scores) {
+  constexpr int pairs = 16 * C2;
+  __m512 s[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) s[r][u] = _mm512_setzero_ps();
+  for (int p = 0; p < pairs; ++p) {
+    __m512i k[T];
+    for (int u = 0; u < T; ++u) k[u] = _mm512_loadu_si512(kt + (u * pairs + p) * kTileKeys);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh qp = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r][p]));
+      for (int u = 0; u < T; ++u) s[r][u] = _mm512_dpbf16_ps(s[r][u], qp, (__m512bh)k[u]);
+    }
+  }
+  const __m512 scale16 = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) _mm512_storeu_ps(scores[r] + u * kTileKeys, _mm512_mul_ps(s[r][u], scale16));
+}
+#else
+// scores[r][u * 16 + j] of R rows' queries (float32, scaled) against tiles t..t+T-1's keys (kt:
+// tile t)
+template <int C2, int R, int T>
+inline void score_tiles(const float* kt, const float* const* q, float* const* scores) {
   constexpr int head_dim = 32 * C2;
   __m512 s[R][T];
   for (int r = 0; r < R; ++r)
@@ -111,6 +190,7 @@ inline void score_tiles(const float* kt, const float (*q)[32 * C2], float* const
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < T; ++u) _mm512_storeu_ps(scores[r] + u * kTileKeys, s[r][u]);
 }
+#endif
 
 // Per-thread buffers of an item's rows.
 struct RowBuffers {
@@ -118,9 +198,11 @@ struct RowBuffers {
   std::vector<at::BFloat16*> outs;        // where its result goes
   std::vector<int> limits;                // how many keys it sees
   std::vector<int> block_tiles;           // tiles each block of R rows sees
-  std::vector<float> queries;  // [rows][head_dim], scaled
-  std::vector<float> scores;   // [rows][width]: the scores, then the weights in their place
+  std::vector<float> queries;  // [rows][head_dim], scaled (float32 FMAs); then one inverse sum per row
+  std::vector<float> scores;   // [rows][width]: the scores, then (float32 FMAs) the weights in their place
   std::vector<float> sums;     // [rows][head_dim]: the weighted sums of V
+  std::vector<uint32_t> query_pairs;  // [rows][head_dim / 2]: the queries as bfloat16 pairs (VDPBF16PS)
+  std::vector<uint16_t> weights;      // [rows][width]: the weights' bfloat16 bits (VDPBF16PS)
 };
 
 // An item's rows (a multiple of R; rows[r] points at row r's query, limits[r] is how many keys it
@@ -129,12 +211,11 @@ struct RowBuffers {
 // weighted sum of V. Each pass goes a few tiles at a time through all rows, R rows per register
 // block, so the tiles in hand stay in L1 while every row uses them (a row block at a time over
 // all tiles read each tile from L2 once per 4 rows, and ran at the speed of L2).
-// In float32 FMAs: on the Xeons with AMX, VDPBF16PS issues once per two cycles and a float32
-// FMA twice per cycle, so FMAs do twice the work per cycle.
 template <int C2, int R>
 void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* const* rows, const int* limits,
                  at::BFloat16* const* outs, float scale, RowBuffers& buffers) {
   constexpr int head_dim = 32 * C2;
+  constexpr size_t tile_elements = kTileKeys * Packed<C2>::kPerKey;  // of one tile's K, or V
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const int blocks = num_rows / R;
   int tiles = 0;
@@ -149,31 +230,50 @@ void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* con
     buffers.queries.resize(num_rows * head_dim);
     buffers.sums.resize(num_rows * head_dim);
   }
-  float* queries = buffers.queries.data();
   float* scores = buffers.scores.data();
+#if defined(PREFILL_BF16_PAIRS)
+  constexpr int pairs = head_dim / 2;
+  if (static_cast<int64_t>(buffers.weights.size()) < num_rows * width) buffers.weights.resize(num_rows * width);
+  if (static_cast<int64_t>(buffers.query_pairs.size()) < num_rows * pairs) buffers.query_pairs.resize(num_rows * pairs);
+  uint32_t* queries = buffers.query_pairs.data();
+  uint16_t* weights = buffers.weights.data();
+  for (int r = 0; r < num_rows; ++r) std::memcpy(queries + r * pairs, rows[r], head_dim * sizeof(at::BFloat16));
+#else
+  float* queries = buffers.queries.data();
   for (int r = 0; r < num_rows; ++r)
     for (int d = 0; d < head_dim; d += 16)
       _mm512_storeu_ps(queries + r * head_dim + d, _mm512_mul_ps(llm_serve::load16(rows[r] + d), _mm512_set1_ps(scale)));
+#endif
 
   // 1. scores, two tiles at a time through every row block that sees them (2R independent sums)
   for (int t = 0; t < tiles; t += 2) {
-    const float* kt = packed.keys.data() + static_cast<size_t>(t) * kTileKeys * head_dim;
+    const auto* kt = packed.keys.data() + t * tile_elements;
     for (int b = 0; b < blocks; ++b) {
       if (block_tiles[b] <= t) continue;
       float* dst[R];
-      for (int r = 0; r < R; ++r) dst[r] = scores + (b * R + r) * width + t * kTileKeys;
-      const auto q = reinterpret_cast<const float (*)[head_dim]>(queries + b * R * head_dim);
+      const std::remove_pointer_t<decltype(queries)>* q[R];
+      for (int r = 0; r < R; ++r) {
+        dst[r] = scores + (b * R + r) * width + t * kTileKeys;
+        q[r] = queries + (b * R + r) * Packed<C2>::kPerKey;
+      }
+#if defined(PREFILL_BF16_PAIRS)
+      if (t + 1 < block_tiles[b])
+        score_tiles<C2, R, 2>(kt, q, scale, dst);
+      else
+        score_tiles<C2, R, 1>(kt, q, scale, dst);
+#else
       if (t + 1 < block_tiles[b])
         score_tiles<C2, R, 2>(kt, q, dst);
       else
         score_tiles<C2, R, 1>(kt, q, dst);
+#endif
     }
   }
 
   // 2. weights exp(score - max) rounded to bfloat16 (as torch's flash attention rounds them before
   // the product with V), 0 past the row's keys up to its block's last tile; the sum over the
   // rounded ones
-  float* inverse_sum = buffers.queries.data();  // the queries are done with: one per row
+  float* inverse_sum = buffers.queries.data();  // the float32 queries are done with: one per row
   for (int r = 0; r < num_rows; ++r) {
     float* s = scores + r * width;
     const int visible_tiles = (limits[r] + kTileKeys - 1) / kTileKeys;
@@ -189,7 +289,12 @@ void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* con
     for (int u = 0; u < block_tiles[r / R]; ++u) {
       const __m512 e = _mm512_maskz_mov_ps(valid(u), exp16(_mm512_sub_ps(_mm512_loadu_ps(s + u * kTileKeys), max)));
       const __m512 rounded = llm_serve::round_to<at::BFloat16>(e);
+#if defined(PREFILL_BF16_PAIRS)  // the rounded values' top halves: their bfloat16 bits
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(weights + r * width + u * kTileKeys),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(rounded), 16)));
+#else
       _mm512_storeu_ps(s + u * kTileKeys, rounded);
+#endif
       total = _mm512_add_ps(total, rounded);
     }
     inverse_sum[r] = 1.f / _mm512_reduce_add_ps(total);
@@ -200,14 +305,27 @@ void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* con
   float* sums = buffers.sums.data();
   std::memset(sums, 0, sizeof(float) * num_rows * head_dim);
   for (int t = 0; t < tiles; ++t) {
-    const float* values = packed.values.data() + static_cast<size_t>(t) * kTileKeys * head_dim;
+    const auto* values = packed.values.data() + t * tile_elements;
     for (int b = 0; b < blocks; ++b) {
       if (block_tiles[b] <= t) continue;
       float* block_sums = sums + b * R * head_dim;
-      const float* w = scores + b * R * width + t * kTileKeys;
       __m512 acc[R][2 * C2];
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < 2 * C2; ++c) acc[r][c] = _mm512_loadu_ps(block_sums + r * head_dim + 16 * c);
+#if defined(PREFILL_BF16_PAIRS)
+      const uint16_t* w = weights + b * R * width + t * kTileKeys;
+      for (int i = 0; i < kTileKeys / 2; ++i) {  // keys 2i, 2i + 1
+        __m512i v[2 * C2];
+        for (int c = 0; c < 2 * C2; ++c) v[c] = _mm512_loadu_si512(values + i * head_dim + 16 * c);
+        for (int r = 0; r < R; ++r) {
+          uint32_t two;
+          std::memcpy(&two, w + r * width + 2 * i, sizeof(two));
+          const __m512bh wr = (__m512bh)_mm512_set1_epi32(static_cast<int>(two));
+          for (int c = 0; c < 2 * C2; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wr, (__m512bh)v[c]);
+        }
+      }
+#else
+      const float* w = scores + b * R * width + t * kTileKeys;
       for (int j = 0; j < kTileKeys; ++j) {
         __m512 v[2 * C2];
         for (int c = 0; c < 2 * C2; ++c) v[c] = _mm512_loadu_ps(values + j * head_dim + 16 * c);
@@ -216,6 +334,7 @@ void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* con
           for (int c = 0; c < 2 * C2; ++c) acc[r][c] = _mm512_fmadd_ps(wr, v[c], acc[r][c]);
         }
       }
+#endif
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < 2 * C2; ++c) _mm512_storeu_ps(block_sums + r * head_dim + 16 * c, acc[r][c]);
     }
