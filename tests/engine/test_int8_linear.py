@@ -57,17 +57,20 @@ def test_a_row_does_not_depend_on_the_batch():
 
 def test_calls_of_other_sizes_in_between_change_nothing():
     # the kernel keeps its quantized activations' buffers between calls: a large call, then a
-    # small one, then the large one again on another thread count, each as it is alone
+    # small one, then both again on other thread counts, each as it is alone
     g = torch.Generator().manual_seed(11)
     big, small = torch.randn(64, 1536, generator=g).bfloat16(), torch.randn(3, 576, generator=g).bfloat16()
     big_w, small_w = pack_int8(torch.randn(48, 1536, generator=g)), pack_int8(torch.randn(32, 576, generator=g))
     first = native.int8_linear(big, *big_w, True)
-    torch.testing.assert_close(native.int8_linear(small, *small_w, True), _reference(small, *small_w), rtol=1e-5,
-                               atol=1e-5)
+    small_first = native.int8_linear(small, *small_w, True)
+    torch.testing.assert_close(small_first, _reference(small, *small_w), rtol=1e-5, atol=1e-5)
     threads = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        assert torch.equal(native.int8_linear(big, *big_w, True), first)
+        # one thread; then more than quantize every row each (the rows quantized once, shared out)
+        for count in (1, 6):
+            torch.set_num_threads(count)
+            assert torch.equal(native.int8_linear(big, *big_w, True), first)
+            assert torch.equal(native.int8_linear(small, *small_w, True), small_first)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(native.int8_linear(big, *big_w, True), first)

@@ -65,6 +65,20 @@ def test_a_row_does_not_depend_on_the_batch():
         assert torch.equal(_run(x[r:r + 1], codes, True)[0], batch[r])
 
 
+@pytest.mark.parametrize("threads", [1, 6])
+def test_the_thread_count_changes_nothing(threads):
+    # up to four threads each quantizes every row itself; more share the quantization out
+    codes = _codes(96, 576, 8)
+    x = torch.randn(33, 576, generator=torch.Generator().manual_seed(8)).bfloat16()
+    before = _run(x, codes, True)
+    default = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert torch.equal(_run(x, codes, True), before)
+    finally:
+        torch.set_num_threads(default)
+
+
 def test_the_tiles_hold_every_code_once():
     codes = _codes(32, 128, 3)
     tiles, scales, mins = codes.int8_tiles()

@@ -97,17 +97,44 @@ void quantize_rows(const In* x, int64_t M, int64_t K, Activations& a) {
     quantize_groups(x, first, static_cast<int>(std::min<int64_t>(16, groups - first)), a);
 }
 
+// All M rows' groups, shared out among the threads
+template <typename In>
+void quantize_rows_in_parallel(const In* x, int64_t M, int64_t K, Activations& a) {
+  const int64_t G = K / kActivationGroup, groups = M * G;
+  a.q.resize(M * K);
+  a.scale.resize(M * G);
+  a.offset.resize(M * G);
+  llm_serve::parallel_for(0, (groups + 15) / 16, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b)
+      quantize_groups(x, b * 16, static_cast<int>(std::min<int64_t>(16, groups - b * 16)), a);
+  });
+}
+
+// Up to this many threads, each quantizes every row for itself (below); above, its copy would
+// cost more than the tiles it shares the rows with (a thread's tiles are 1 / threads of the work)
+constexpr int kMaxThreadsQuantizingAll = 4;
+
 // fn(a, lo, hi) over the chunks [lo, hi) of [0, items) that parallel_chunks hands each thread,
-// with `a` that thread's own quantization of all of x [M, K], made before its first chunk.
+// with `a` the quantization of all of x [M, K].
 //
-// Each thread quantizes every row for itself rather than its part for all: the threads' tiles read
-// every row, so codes one thread wrote were shared with the other's cache, and each next call's
-// stores had to take the lines back from it first. On the AMD EPYC (Zen 4, a VM's two vCPUs) those
-// stores stalled: 72 % of the quantization's samples at one store, the quantization 7 % of a
-// decode step at 32 rows. Twice the quantizing (O(M K), against the tiles' O(M K N)) costs less,
-// and the kernel is one parallel region instead of two.
+// Each thread quantizes every row for itself, before its first chunk, rather than its part for
+// all: the threads' tiles read every row, so codes one thread wrote were shared with the other's
+// cache, and each next call's stores had to take the lines back from it first. On the AMD EPYC
+// (Zen 4, a VM's two vCPUs) those stores stalled: 72 % of the quantization's samples at one store,
+// the quantization 7 % of a decode step at 32 rows. Twice the quantizing (O(M K), against the
+// tiles' O(M K N)) costs less, and the kernel is one parallel region instead of two. With more
+// threads than kMaxThreadsQuantizingAll (not measured here: the machines have two cores), the
+// rows are quantized once, shared out, into the caller's buffer.
 template <typename In, typename F>
 void with_own_activations(const In* x, int64_t M, int64_t K, int64_t items, int64_t grain, const F& fn) {
+  if (at::get_num_threads() > kMaxThreadsQuantizingAll) {
+    thread_local Activations shared;
+    Activations& a = shared;  // (the lambda below, run by other threads, must see this thread's)
+    quantize_rows_in_parallel(x, M, K, a);
+    llm_serve::parallel_for(0, items, grain,
+                            [&](int64_t lo, int64_t hi) { fn(static_cast<const Activations&>(a), lo, hi); });
+    return;
+  }
   llm_serve::parallel_chunks(0, items, grain, [&](Chunks& chunks) {
     thread_local Activations own;
     int64_t lo, hi;
