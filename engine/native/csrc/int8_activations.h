@@ -86,28 +86,36 @@ inline void quantize_groups(const In* x, int64_t first, int n, Activations& a) {
   _mm512_mask_storeu_epi32(a.offset.data() + first, valid, _mm512_mullo_epi32(total, _mm512_set1_epi32(-128)));
 }
 
-// All M rows' groups, on the calling thread alone
-template <typename In>
-void quantize_rows(const In* x, int64_t M, int64_t K, Activations& a) {
-  const int64_t G = K / kActivationGroup, groups = M * G;
+// Sizes a's buffers for x [M, K]; returns the number of groups, quantized 16 at a time by
+// quantize_blocks
+inline int64_t size_for(Activations& a, int64_t M, int64_t K) {
+  const int64_t G = K / kActivationGroup;
   a.q.resize(M * K);
   a.scale.resize(M * G);
   a.offset.resize(M * G);
-  for (int64_t first = 0; first < groups; first += 16)
-    quantize_groups(x, first, static_cast<int>(std::min<int64_t>(16, groups - first)), a);
+  return M * G;
+}
+
+// Blocks lo..hi-1 of 16 groups (the last may be shorter) of x's `groups`
+template <typename In>
+inline void quantize_blocks(const In* x, int64_t groups, int64_t lo, int64_t hi, Activations& a) {
+  for (int64_t b = lo; b < hi; ++b)
+    quantize_groups(x, b * 16, static_cast<int>(std::min<int64_t>(16, groups - b * 16)), a);
+}
+
+// All M rows' groups, on the calling thread alone
+template <typename In>
+void quantize_rows(const In* x, int64_t M, int64_t K, Activations& a) {
+  const int64_t groups = size_for(a, M, K);
+  quantize_blocks(x, groups, 0, (groups + 15) / 16, a);
 }
 
 // All M rows' groups, shared out among the threads
 template <typename In>
 void quantize_rows_in_parallel(const In* x, int64_t M, int64_t K, Activations& a) {
-  const int64_t G = K / kActivationGroup, groups = M * G;
-  a.q.resize(M * K);
-  a.scale.resize(M * G);
-  a.offset.resize(M * G);
-  llm_serve::parallel_for(0, (groups + 15) / 16, 4, [&](int64_t lo, int64_t hi) {
-    for (int64_t b = lo; b < hi; ++b)
-      quantize_groups(x, b * 16, static_cast<int>(std::min<int64_t>(16, groups - b * 16)), a);
-  });
+  const int64_t groups = size_for(a, M, K);
+  llm_serve::parallel_for(0, (groups + 15) / 16, 4,
+                          [&](int64_t lo, int64_t hi) { quantize_blocks(x, groups, lo, hi, a); });
 }
 
 // Up to this many threads, each quantizes every row for itself (below); above, its copy would
