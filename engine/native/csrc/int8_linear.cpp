@@ -19,6 +19,7 @@
 
 #include "int8_activations.h"
 #include "parallel.h"
+#include "prefetch.h"
 #include "vec16.h"
 
 #include <cstdint>
@@ -35,10 +36,17 @@ constexpr int kTileRows = 4;     // rows per tile: 4 x 3 int32 and 4 x 3 float32
 #if defined(__AVX512VNNI__)
 using llm_serve::Activations;
 
-// Rows r0..r0+R of outputs v0 * 16 .. (v0 + V) * 16
+// Lines of the next tile's weights that one row tile requests: [next, next + lines * 64)
+struct Ahead {
+  const uint8_t* next;
+  int64_t lines;
+};
+
+// Rows r0..r0+R of outputs v0 * 16 .. (v0 + V) * 16, requesting `ahead`'s lines spread over the groups
+
 template <int R, int V, typename Out>
 inline void tile(const Activations& a, const uint8_t* w, const float* w_scale, int64_t K, int64_t r0, int64_t v0,
-                 Out* out, int64_t N) {
+                 Out* out, int64_t N, Ahead ahead) {
   const int64_t G = K / kGroup, quads = K / kQuad;
   __m512 acc[R][V];
   for (int r = 0; r < R; ++r)
@@ -46,7 +54,10 @@ inline void tile(const Activations& a, const uint8_t* w, const float* w_scale, i
   const uint8_t* wv[V];
   for (int v = 0; v < V; ++v) wv[v] = w + (v0 + v) * quads * kVector * kQuad;
   const int8_t* xr = a.q.data() + r0 * K;
+  const int64_t per_group = (ahead.lines + G - 1) / G;
   for (int64_t g = 0; g < G; ++g) {
+    for (int64_t l = g * per_group; l < std::min(ahead.lines, (g + 1) * per_group); ++l)
+      llm_serve::prefetch_line(ahead.next + l * 64);
     __m512i dot[R][V];
     for (int r = 0; r < R; ++r) {
       const __m512i start = _mm512_set1_epi32(a.offset[(r0 + r) * G + g]);
@@ -75,15 +86,30 @@ inline void tile(const Activations& a, const uint8_t* w, const float* w_scale, i
   }
 }
 
+// Every row of the outputs v0 * 16 .. (v0 + V) * 16, requesting the `next` tile's weights
+// [next, next + next_bytes) a share at a time as the row tiles go. The first row tile reads this
+// tile's weights from memory and the others from the caches; without the requests each tile's
+// first row tile waited on memory (30 layers' gate_up at 32 rows: 6.6 ms with the weights cold in
+// memory, 4.7 ms with one layer's in cache; a decode step at 32 sequences 0.91x the time with the
+// requests, a prefill of 512-row steps the same).
 template <int V, typename Out>
 inline void rows_of_tile(const Activations& a, const uint8_t* w, const float* w_scale, int64_t M, int64_t K,
-                         int64_t v0, Out* out, int64_t N) {
+                         int64_t v0, Out* out, int64_t N, const uint8_t* next, int64_t next_bytes) {
+  const int64_t row_tiles = (M + kTileRows - 1) / kTileRows;
+  // over the first half of the row tiles, so the last requests have half a tile's time to land
+  const int64_t spread = std::max<int64_t>(1, row_tiles / 2);
+  const int64_t lines = (next_bytes + 63) / 64;
+  const int64_t per_tile = (lines + spread - 1) / spread;
+  auto ahead = [&](int64_t r) {
+    const int64_t first = std::min(lines, r / kTileRows * per_tile);
+    return Ahead{next + first * 64, std::min(per_tile, lines - first)};
+  };
   int64_t r = 0;
-  for (; r + kTileRows <= M; r += kTileRows) tile<kTileRows, V>(a, w, w_scale, K, r, v0, out, N);
+  for (; r + kTileRows <= M; r += kTileRows) tile<kTileRows, V>(a, w, w_scale, K, r, v0, out, N, ahead(r));
   switch (M - r) {
-    case 3: tile<3, V>(a, w, w_scale, K, r, v0, out, N); break;
-    case 2: tile<2, V>(a, w, w_scale, K, r, v0, out, N); break;
-    case 1: tile<1, V>(a, w, w_scale, K, r, v0, out, N); break;
+    case 3: tile<3, V>(a, w, w_scale, K, r, v0, out, N, ahead(r)); break;
+    case 2: tile<2, V>(a, w, w_scale, K, r, v0, out, N, ahead(r)); break;
+    case 1: tile<1, V>(a, w, w_scale, K, r, v0, out, N, ahead(r)); break;
     default: break;
   }
 }
@@ -91,14 +117,19 @@ inline void rows_of_tile(const Activations& a, const uint8_t* w, const float* w_
 template <typename In, typename Out>
 void run(const In* x, const uint8_t* w, const float* w_scale, int64_t M, int64_t K, int64_t N, Out* out) {
   const int64_t vectors = N / kVector, tiles = (vectors + kTileVectors - 1) / kTileVectors;
+  const int64_t vector_bytes = K / kQuad * kVector * kQuad;  // one weight vector: 16 outputs x K bytes
   // a thread takes whole tiles: each tile's weights (K x 48 bytes) stay in L1/L2 over the rows
   llm_serve::with_own_activations(x, M, K, tiles, 1, [&](const Activations& a, int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t v0 = t * kTileVectors;
+      // the tile after this one: the next a thread takes from its own share
+      const int64_t next_v0 = std::min(vectors, v0 + kTileVectors);
+      const uint8_t* next = w + next_v0 * vector_bytes;
+      const int64_t next_bytes = (std::min(vectors, next_v0 + kTileVectors) - next_v0) * vector_bytes;
       switch (std::min<int64_t>(kTileVectors, vectors - v0)) {
-        case 3: rows_of_tile<3>(a, w, w_scale, M, K, v0, out, N); break;
-        case 2: rows_of_tile<2>(a, w, w_scale, M, K, v0, out, N); break;
-        default: rows_of_tile<1>(a, w, w_scale, M, K, v0, out, N); break;
+        case 3: rows_of_tile<3>(a, w, w_scale, M, K, v0, out, N, next, next_bytes); break;
+        case 2: rows_of_tile<2>(a, w, w_scale, M, K, v0, out, N, next, next_bytes); break;
+        default: rows_of_tile<1>(a, w, w_scale, M, K, v0, out, N, next, next_bytes); break;
       }
     }
   });
