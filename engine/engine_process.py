@@ -16,6 +16,7 @@ import zmq
 
 from common.child_process import IDLE_POLL_MS, ParentWatch, run_child
 from common.engine_config import EngineConfig
+from common.gc_heap import freeze_startup_heap
 from common.ipc import Channel, IpcPaths, drain, open_socket
 from common.messages import (AbortRequest, EngineOutputs, EngineReady, EngineRequest, EngineStats, TokenDelta,
                              ToEngine)
@@ -33,6 +34,7 @@ def run_engine_process(config: EngineConfig, paths: IpcPaths, log_level: str = "
         from engine.llm_engine import LLMEngine  # torch is imported here, in this process only
 
         engine = LLMEngine(config)
+        freeze_startup_heap()  # the model, torch, the caches: no full collection walks them again
         outbox.send(EngineReady(num_kv_tokens=engine.num_kv_tokens, max_model_len=engine.max_model_len,
                                 vocab_size=engine.vocab_size, device=str(engine.device),
                                 dtype=str(engine.dtype).removeprefix("torch."), model_dir=str(engine.model_dir),

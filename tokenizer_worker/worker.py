@@ -16,6 +16,7 @@ import msgspec
 import zmq
 
 from common.child_process import IDLE_POLL_MS, ParentWatch, run_child
+from common.gc_heap import freeze_startup_heap
 from common.errors import InvalidRequest
 from common.ipc import Channel, IpcPaths, drain, open_socket
 from common.messages import (AbortRequest, DetokenizeRequest, DetokenizeResponse, EngineOutputs, EngineReady,
@@ -47,8 +48,10 @@ def run_tokenizer_worker(model_dir: str, paths: IpcPaths, log_level: str = "info
         from_server = open_socket(ctx, zmq.PULL, paths.to_worker, bind=False)
         from_engine = open_socket(ctx, zmq.PULL, paths.from_engine, bind=True)
         to_engine = Channel(open_socket(ctx, zmq.PUSH, paths.to_engine, bind=False))
-        TokenizerWorker(PromptTokenizer(model_dir), to_server, to_engine,
-                        grammar_compile_timeout, detokenize_check).run(from_server, from_engine)
+        worker = TokenizerWorker(PromptTokenizer(model_dir), to_server, to_engine, grammar_compile_timeout,
+                                 detokenize_check)
+        freeze_startup_heap()
+        worker.run(from_server, from_engine)
 
     run_child(PROCESS_NAME, log_level, paths.to_server, body)
 
