@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from common.engine_config import EngineConfig
 from common.ipc import IpcPaths
+from common.gc_heap import freeze_startup_heap
 from common.messages import EngineReady
 from server.config import ServerConfig
 from server.errors import ApiError, unavailable
@@ -75,6 +76,7 @@ class ServingState:
                     "sampling defaults %s; serving at http://%s:%d/v1", self.served_model_name, ready.model_dir,
                     ready.device, ready.dtype, ready.num_kv_tokens, ready.max_model_len, ready.eos_token_ids,
                     self.generation_defaults or "none", host, self.config.port)
+        freeze_startup_heap()  # every module the server imports is loaded by now
 
     def _on_child_exit(self, name: str, exit_code: int | None) -> None:
         self.client.fail(f"the {name} process exited unexpectedly (exit code {exit_code})")
