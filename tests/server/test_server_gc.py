@@ -13,4 +13,3 @@ def test_every_process_freezes_its_startup_heap(default_server):
     assert frozen.keys() == {"server", "engine", "tokenizer_worker"}, log[-3000:]
     # torch, transformers and the model: hundreds of thousands of objects in the engine
     assert frozen["engine"] > 100_000 and frozen["tokenizer_worker"] > 10_000 and frozen["server"] > 10_000, frozen
-
