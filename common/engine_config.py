@@ -68,6 +68,11 @@ class EngineConfig:
         choices=("auto", "torch-paged", "triton-paged"))
     enforce_eager: bool = opt(
         False, "on CUDA, run decode steps eagerly instead of replaying captured CUDA graphs")
+    async_scheduling: str = opt(
+        "auto", "schedule and launch each step before reading the previous one's sampled ids, so the host's "
+                "work overlaps the device's; auto: on for CUDA, off on CPU (where the host runs the step "
+                "itself, so it would only delay every token by a step); off with speculative decoding",
+        choices=("auto", "on", "off"))
 
     native_kernels: bool = opt(
         True, "on CPU, attend decode batches with the native C++ kernel (built for this CPU on first use and "

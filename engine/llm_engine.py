@@ -129,7 +129,9 @@ class LLMEngine(EngineCore):
             with torch.inference_mode():
                 runner.decode_graphs.capture()
             graphs = f"{runner.decode_graphs.describe()} in {time.perf_counter() - start:.1f} s"
-        super().__init__(scheduler, runner, arch.vocab_size, max_model_len, config.batch_invariant)
+        async_scheduling = config.async_scheduling == "on" or (config.async_scheduling == "auto"
+                                                               and self.device.type == "cuda")
+        super().__init__(scheduler, runner, arch.vocab_size, max_model_len, config.batch_invariant, async_scheduling)
         element_bytes = self.dtype.itemsize  # activations are in the engine's dtype
         kv_bytes = row_width(arch.head_dim, self.kv_cache_dtype) * self.kv_cache_dtype.itemsize / arch.head_dim
         # weights as a decode step reads them (the codes' where they run; a batch above the
@@ -143,6 +145,7 @@ class LLMEngine(EngineCore):
         logger.info("all layers in one native call: %s", one_call)
         logger.info("batch-invariant rows: %s", describe_invariance(invariance))
         logger.info("decode graphs: %s", graphs)
+        logger.info("async scheduling: %s", describe_async_scheduling(config, self.device, self.async_scheduling))
         logger.info("KV cache %d blocks x %d = %d tokens (%s), max_model_len %d", num_blocks, config.block_size,
                     self.num_kv_tokens, describe_kv_dtype(self.kv_cache_dtype), max_model_len)
         logger.info("machine limits (roofline metrics): %s", self.machine_limits.describe())
@@ -182,3 +185,10 @@ class LLMEngine(EngineCore):
         useful = config.max_num_seqs * cdiv(max_model_len, config.block_size)
         return max(1, min(budget // bytes_per_block(arch, config.block_size, self.kv_cache_dtype), useful))
 
+
+def describe_async_scheduling(config: EngineConfig, device: torch.device, on: bool) -> str:
+    if on:
+        return "on (the next step is scheduled while this one runs)"
+    if config.async_scheduling != "off" and config.speculative_config is not None:
+        return "off (speculative decoding)"
+    return "off (--async-scheduling off)" if config.async_scheduling == "off" else f"off (a {device.type.upper()})"

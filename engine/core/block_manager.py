@@ -53,7 +53,7 @@ class BlockManager:
         first = not req.block_ids
         cached = self._find_cached_prefix(req) if first and self.enable_prefix_caching else []
         num_computed = len(cached) * self.block_size if first else req.num_computed_tokens
-        num_new_tokens = min(num_new_tokens, req.num_tokens_with_spec - num_computed)  # drafts get slots too
+        num_new_tokens = min(num_new_tokens, req.num_tokens_with_pending - num_computed)  # drafts get slots too
         need = self.blocks_needed(num_computed + num_new_tokens) - len(req.block_ids) - len(cached)
         revived = sum(1 for b in cached if self.ref_counts[b] == 0)  # cached blocks still in the free list
         if need > self.num_free_blocks - revived:
@@ -92,7 +92,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         done = req.num_registered_blocks
-        num_full = req.num_computed_tokens // self.block_size
+        # (with async scheduling the KV of a token not yet read back can be computed: its block waits)
+        num_full = min(req.num_computed_tokens, req.num_tokens) // self.block_size
         if num_full <= done:
             return
         hashes = self._hashes(req, num_full)

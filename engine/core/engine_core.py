@@ -1,7 +1,12 @@
 """add_request / abort / step / has_unfinished over a scheduler and a model runner.
 
 One step is `schedule()` -> `runner.execute()` -> `update()`; it returns one TokenDelta per
-request that produced tokens or finished. Bad parameters raise InvalidRequest (a ValueError
+request that produced tokens or finished. With async scheduling (`async_scheduling`, on by default
+on CUDA) a step is scheduled and launched before the previous one's sampled ids are read: step()
+schedules step N+1 as if they were known (placeholders), queues it, then reads step N's ids and
+returns step N's deltas, so the host's work for N+1 overlaps the device's for N (SGLang's overlap
+scheduler, vLLM's async scheduling). A step with drafts, a grammar or a traced request needs
+the host to know every earlier token, so it waits for the step in flight first and runs alone. Bad parameters raise InvalidRequest (a ValueError
 naming the field) in add_request, before anything reaches the scheduler. The runner is anything
 with `execute(SchedulerOutput) -> RunnerOutput`, so the scheduler is testable without a model.
 A `step_observer`, when set, sees every step that ran with its wall time (the roofline metrics).
@@ -10,6 +15,7 @@ Traced requests get their records' queue and step times here (`traces.py`).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
@@ -23,8 +29,23 @@ from engine.core.scheduler import Scheduler
 from engine.core.traces import TraceDelivery
 
 
+class PendingOutput(Protocol):
+    def result(self) -> RunnerOutput: ...
+
+
 class Runner(Protocol):
     def execute(self, so: SchedulerOutput) -> RunnerOutput: ...
+
+    def execute_async(self, so: SchedulerOutput) -> PendingOutput: ...
+
+
+@dataclass
+class InFlight:
+    """A step launched by async scheduling whose sampled ids the host has not read yet."""
+
+    so: SchedulerOutput
+    output: PendingOutput
+    started: float  # perf_counter when it was scheduled
 
 
 class StepObserver(Protocol):
@@ -35,7 +56,7 @@ class StepObserver(Protocol):
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: Runner, vocab_size: int, max_model_len: int,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, async_scheduling: bool = False):
         self.scheduler = scheduler
         self.runner = runner
         self.vocab_size = vocab_size
@@ -43,6 +64,10 @@ class EngineCore:
         self.batch_invariant = batch_invariant  # every request, whatever it asked
         self.step_observer: StepObserver | None = None
         self.traces = TraceDelivery()
+        # drafts are verified on the host before the next step can be scheduled
+        self.async_scheduling = async_scheduling and scheduler.speculator is None
+        self.in_flight: InFlight | None = None
+        self._last_read = time.perf_counter()  # when the host last read a step's ids (async)
 
     @property
     def requests(self) -> dict[str, Request]:
@@ -74,23 +99,52 @@ class EngineCore:
             self.traces.drop(request_id)
         return self.scheduler.abort(request_id)
 
-    def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
-
     def step(self) -> list[TokenDelta]:
+        if self.async_scheduling and not (self.scheduler.constrained or self.traces.active):
+            return self._step_ahead()
+        deltas = self._read_in_flight()  # this step must know every token before it is scheduled
         start = time.perf_counter()
         so = self.scheduler.schedule()
         failed = self.scheduler.take_failed()
         if not so.has_work_for_runner:
-            return failed
+            return deltas + failed
         ro = self.runner.execute(so)
-        deltas = self.scheduler.update(so, ro)
+        step_deltas = self.scheduler.update(so, ro)
         if self.step_observer is not None:
             self.step_observer.observe(so, ro, time.perf_counter() - start)
-        deltas = failed + deltas + self.scheduler.take_failed()
+        step_deltas = failed + step_deltas + self.scheduler.take_failed()
         if self.traces.active:
-            self.traces.on_step(so, ro.traces, deltas, start)
+            self.traces.on_step(so, ro.traces, step_deltas, start)
+        return deltas + step_deltas
+
+    def _step_ahead(self) -> list[TokenDelta]:
+        """Async scheduling: schedule and launch the next step, then read the one in flight."""
+        start = time.perf_counter()
+        so = self.scheduler.schedule()
+        failed = self.scheduler.take_failed()
+        launched = None
+        if so.has_work_for_runner:
+            self.scheduler.advance(so)  # progress and placeholders now: the next schedule builds on them
+            launched = InFlight(so, self.runner.execute_async(so), start)
+        deltas = self._read_in_flight()
+        self.in_flight = launched
+        return failed + deltas
+
+    def _read_in_flight(self) -> list[TokenDelta]:
+        """The deltas of the step in flight (async scheduling), once its sampled ids are read."""
+        step, self.in_flight = self.in_flight, None
+        if step is None:
+            return []
+        ro = step.output.result()
+        now = time.perf_counter()
+        deltas = self.scheduler.apply(step.so, ro) + self.scheduler.take_failed()
+        if self.step_observer is not None:  # its share of the wall time: from the later of its start and the last read
+            self.step_observer.observe(step.so, ro, now - max(step.started, self._last_read))
+        self._last_read = now
         return deltas
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
 
     def take_roofline_stats(self) -> RooflineStats | None:
         return None if self.step_observer is None else self.step_observer.take_stats()

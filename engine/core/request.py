@@ -45,6 +45,10 @@ class Request:
         self.spec_token_ids: list[int] = []
         self.spec_acceptance = 1.0
         self.spec_resume_step = 0
+        # Async scheduling: output tokens that scheduled steps will sample but the host has not
+        # read yet (one per step in flight that samples it). The next step is scheduled as if
+        # they were known: the runner finds them in its device token table.
+        self.num_placeholders = 0
         # Structured outputs: its grammar, None if unconstrained
         self.grammar: RequestGrammar | None = None
         self.finish_reason: FinishReason | None = None
@@ -56,8 +60,9 @@ class Request:
         return len(self.token_ids)
 
     @property
-    def num_tokens_with_spec(self) -> int:
-        return len(self.token_ids) + len(self.spec_token_ids)
+    def num_tokens_with_pending(self) -> int:
+        """The known tokens, this step's draft, and the ids that steps in flight will sample."""
+        return len(self.token_ids) + len(self.spec_token_ids) + self.num_placeholders
 
     @property
     def num_output_tokens(self) -> int:

@@ -81,12 +81,15 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.num_placeholders and self._finishes_with_pending(req):
+                i += 1  # the tokens in flight reach its length limit: another row would be wasted
+                continue
             num_blocks_before = len(req.block_ids)
             in_decode = req.num_computed_tokens == req.num_tokens - 1
             if drafting and in_decode and req.grammar is None:
                 assert self.speculator is not None
                 req.spec_token_ids = self.speculator.draft(req)[: budget - 1]
-            want = min(req.num_tokens_with_spec - req.num_computed_tokens, budget)
+            want = min(req.num_tokens_with_pending - req.num_computed_tokens, budget)
             num_new = self.block_manager.allocate(req, want)
             while num_new is None:
                 victim = self.running[-1]
@@ -112,6 +115,7 @@ class Scheduler:
         while (self.waiting and not out.preempted_request_ids and budget > 0
                and len(self.running) < self.max_num_seqs):
             req = self.waiting[0]
+            assert not req.num_placeholders, "a preempted request is read back before it is admitted again"
             if req.grammar is not None and (not req.grammar.ready() or req.grammar.error is not None):
                 compiling.append(self.waiting.popleft())  # failed ones end at the next step's start
                 continue
@@ -158,11 +162,21 @@ class Scheduler:
         return failed
 
     def update(self, so: SchedulerOutput, ro: RunnerOutput) -> list[TokenDelta]:
-        """Progress for every scheduled request, then the sampled tokens and the stop rules."""
+        """A step that ran: its progress, then its sampled tokens and the stop rules."""
+        self.advance(so, ro)
+        return self.apply(so, ro)
+
+    def advance(self, so: SchedulerOutput, ro: RunnerOutput | None = None) -> None:
+        """Progress for every scheduled request, and a placeholder for each token the step will
+        sample. With async scheduling this runs as the step starts (`ro` None, no drafts), so the
+        next step is scheduled before the host knows these tokens."""
         if so.spec_token_ids:
+            assert ro is not None, "a step with drafts advances by what it accepted"
             num_sampled = {rid: len(tokens) for rid, tokens in zip(ro.request_ids, ro.sampled_token_ids, strict=True)}
         for request_id, num_new in so.num_scheduled_tokens.items():
             req = self.requests[request_id]
+            if req.num_computed_tokens + num_new == req.num_tokens_with_pending:  # it reaches the end: it samples
+                req.num_placeholders += 1
             draft = so.spec_token_ids.get(request_id)
             if draft:  # the KV of rejected draft positions is not kept: those slots are rewritten later
                 assert self.speculator is not None
@@ -171,10 +185,21 @@ class Scheduler:
                 num_new -= len(draft) - num_accepted
                 req.spec_token_ids = []
             req.num_computed_tokens += num_new
-            self.block_manager.cache_full_blocks(req)
+
+    def apply(self, so: SchedulerOutput, ro: RunnerOutput) -> list[TokenDelta]:
+        """The step's sampled tokens and the stop rules. A request that finished, was aborted or
+        was preempted since the step was scheduled (async scheduling) keeps no progress of it; a
+        preempted one keeps its token, which is exact."""
+        for request_id in so.num_scheduled_tokens:
+            req = self.requests.get(request_id)
+            if req is not None and req.status == RequestStatus.RUNNING:
+                self.block_manager.cache_full_blocks(req)
         deltas = []
         for i, request_id in enumerate(ro.request_ids):
-            req = self.requests[request_id]
+            req = self.requests.get(request_id)
+            if req is None:
+                continue  # finished or aborted while the step was in flight: its row ran for nothing
+            req.num_placeholders -= 1
             first_delta = req.num_output_tokens == 0
             accepted: list[int] = []
             for token in ro.sampled_token_ids[i]:
@@ -236,6 +261,11 @@ class Scheduler:
             return False
         self.finish(req, reason, stop_reason)
         return True
+
+    def _finishes_with_pending(self, req: Request) -> bool:
+        """Whether the tokens in flight end the request by length, whatever they are."""
+        num_tokens = req.num_tokens + req.num_placeholders
+        return num_tokens - req.num_prompt_tokens >= req.max_tokens or num_tokens >= self.max_model_len
 
     def _preempt(self, req: Request) -> None:
         req.spec_token_ids = []

@@ -25,7 +25,8 @@ from engine.models.llama import CausalLM
 from engine.runner.buffers import CpuGpuBuffer
 from engine.runner.decode_graphs import DecodeGraphs
 from engine.runner.input_batch import InputBatch
-from engine.sample.sampler import Sampler, SamplerOutput
+from engine.runner.pending import PendingStep, add_logprobs
+from engine.sample.sampler import Sampler
 from engine.sample.verify import accept_drafts
 from engine.structured.bitmask import apply_grammar_bitmask
 from engine.trace.tracer import RequestTracer, StepTrace
@@ -84,30 +85,35 @@ class ModelRunner:
         # decode steps at padded batch sizes, captured as CUDA graphs (set by the engine on CUDA)
         self.decode_graphs: DecodeGraphs | None = None
 
-    @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> RunnerOutput:
+        return self.execute_async(so).result()
+
+    @torch.inference_mode()
+    def execute_async(self, so: SchedulerOutput) -> PendingStep:
+        """Run the step; its sampled ids come with `result()` of what this returns (on CUDA the
+        kernels are queued and the call returns before they finish)."""
         start = time.perf_counter()
         if self._staged is not None:
             self._staged.synchronize()
         self.update_states(so)
         if not so.num_scheduled_tokens:
-            return RunnerOutput.empty()
+            return PendingStep.done(RunnerOutput.empty())
         inputs = self.prepare_inputs(so)
         trace = self.tracer.begin(inputs, start) if self.tracer.followed else None
         if trace is None:
             return self._run(so, inputs, None)
         with trace:
-            result = self._run(so, inputs, trace)
+            result = self._run(so, inputs, trace).result()
         result.traces = trace.finish()
-        return result
+        return PendingStep.done(result)
 
-    def _run(self, so: SchedulerOutput, inputs: ModelInputs, trace: StepTrace | None) -> RunnerOutput:
+    def _run(self, so: SchedulerOutput, inputs: ModelInputs, trace: StepTrace | None) -> PendingStep:
         """Forward, logits and sampling of a prepared step; `trace` takes a lap after each."""
         hidden = self.forward(inputs, eager=trace is not None)  # a traced step times every module
         if trace is not None:
             trace.lap("forward")
         if not inputs.sampled_request_ids:
-            return RunnerOutput.empty()
+            return PendingStep.done(RunnerOutput.empty())
         with invariant_rows_from(inputs.invariant_logits_start):
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [num_sampled, vocab]
         if so.grammar is not None:
@@ -120,18 +126,18 @@ class ModelRunner:
             trace.lap("sample")
         if inputs.num_logits is None:  # one token per request: the ids never leave the device first
             self.batch.append_sampled(inputs.sampled_rows, inputs.sampled_rows_dev, out.token_ids)
-            samples = out.token_ids.tolist()  # the step's one device-to-host read (plus logprobs if asked)
-            result = RunnerOutput(inputs.sampled_request_ids, [[t] for t in samples])
-            first_rows = list(range(len(samples)))
-        else:
-            assert inputs.drafts is not None
-            accepted = accept_drafts(out.token_ids.tolist(), inputs.drafts, inputs.num_logits)
-            self._append_accepted(inputs, accepted)
-            result = RunnerOutput(inputs.sampled_request_ids, accepted)
-            first_rows = (np.cumsum(inputs.num_logits) - inputs.num_logits).tolist()
+            # the step's one device-to-host read (plus logprobs if asked), when its result is asked for
+            return PendingStep(inputs.sampled_request_ids, out.token_ids, md.num_logprobs, out.logprob_token_ids,
+                               out.logprobs)
+        assert inputs.drafts is not None
+        accepted = accept_drafts(out.token_ids.tolist(), inputs.drafts, inputs.num_logits)
+        self._append_accepted(inputs, accepted)
+        result = RunnerOutput(inputs.sampled_request_ids, accepted)
         if out.logprobs is not None:
-            self._add_logprobs(result, out, md.num_logprobs.tolist(), first_rows)
-        return result
+            assert out.logprob_token_ids is not None
+            add_logprobs(result, out.logprob_token_ids.tolist(), out.logprobs.tolist(), md.num_logprobs.tolist(),
+                         (np.cumsum(inputs.num_logits) - inputs.num_logits).tolist())
+        return PendingStep.done(result)
 
     @staticmethod
     def _logits_row_of(inputs: ModelInputs) -> dict[str, int]:
@@ -150,18 +156,6 @@ class ModelRunner:
         offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         tokens = torch.tensor([t for a in accepted for t in a], dtype=torch.int64).to(self.device)
         self.batch.append_sampled(rows, torch.from_numpy(rows).to(self.device), tokens, offsets)
-
-    @staticmethod
-    def _add_logprobs(result: RunnerOutput, out: SamplerOutput, wanted: list[int], first_rows: list[int]) -> None:
-        """Per request and output token: [sampled id, top ids...] and their logprobs."""
-        assert out.logprob_token_ids is not None and out.logprobs is not None
-        ids, values = out.logprob_token_ids.tolist(), out.logprobs.tolist()
-        result.logprob_token_ids, result.logprobs = [], []
-        for first, tokens in zip(first_rows, result.sampled_token_ids, strict=True):
-            n = wanted[first]
-            rows = range(first, first + len(tokens))
-            result.logprob_token_ids.append(None if n < 0 else [ids[r][: n + 1] for r in rows])
-            result.logprobs.append(None if n < 0 else [values[r][: n + 1] for r in rows])
 
     def update_states(self, so: SchedulerOutput) -> None:
         """Apply the scheduler's diffs to the persistent batch: rows freed first, then taken."""
