@@ -6,10 +6,11 @@
 #   1. the CUDA parity tests (LLM_TEST_DEVICE=cuda): the Triton kernels against the torch backend
 #      (float32, float16, bfloat16), the tiny models' logits against transformers through the
 #      Triton backend and the captured decode graphs, padded graph replays against unpadded steps,
-#      greedy tokens on CUDA against the CPU engine, the profile run;
+#      greedy tokens on CUDA against the CPU engine, the profile run, async scheduling against the
+#      plain loop;
 #   2. the CUDA benchmark (python -m engine.bench --device cuda): nano-vllm's offline shape on
-#      Qwen3-0.6B's architecture, batch-1 TPOT with graphs and eager, then torch.profiler's
-#      tables of decode steps at 1 and 256 sequences (gpu-check-profile.txt);
+#      Qwen3-0.6B's architecture, batch-1 TPOT with graphs (async scheduling on and off) and eager,
+#      then torch.profiler's tables of decode steps at 1 and 256 sequences (gpu-check-profile.txt);
 # and prints one table. The logs go to $OUT (or /tmp/gpu-check). The default model's weights (94 MB) are not part of it: the CUDA machine
 # gets only what travels with the checkout. Budget: under 8 minutes in all.
 set -uo pipefail
@@ -41,6 +42,7 @@ start=$(date +%s)
 timeout 270 $PYTHON -m pytest -q -p no:cacheprovider -rfE --tb=short "${per_test[@]}" \
     tests/engine/test_triton_attention.py tests/engine/test_decode_graphs.py tests/engine/test_model_parity.py \
     tests/engine/test_backend_agreement.py tests/engine/test_profile_run.py tests/engine/test_cuda_bench.py \
+    tests/engine/test_async_scheduling.py \
     2>&1 | tee "$LOGS/gpu-check-tests.log"
 tests_rc=${PIPESTATUS[0]}
 tests_s=$(( $(date +%s) - start ))

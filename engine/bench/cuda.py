@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'workload':<44}{'ours':>12}  anchor / target", flush=True)
 
     tpot: dict[str, float] = {}
-    variants = (("graphs", "CUDA graphs", False, "auto"), ("graphs-sync", "CUDA graphs, async sched. off", False, "off"),
+    variants = (("graphs", "CUDA graphs", False, "auto"),
+                ("graphs-sync", "CUDA graphs, async sched. off", False, "off"),
                 ("eager", "--enforce-eager", True, "auto"))
     for name, label, eager, async_scheduling in variants:
         small = build(args.device, args.dtype, 8, enforce_eager=eager, max_model_len=4096,

@@ -6,9 +6,12 @@ on CUDA) a step is scheduled and launched before the previous one's sampled ids 
 schedules step N+1 as if they were known (placeholders), queues it, then reads step N's ids and
 returns step N's deltas, so the host's work for N+1 overlaps the device's for N (SGLang's overlap
 scheduler, vLLM's async scheduling). A step with drafts, a grammar or a traced request needs
-the host to know every earlier token, so it waits for the step in flight first and runs alone. Bad parameters raise InvalidRequest (a ValueError
-naming the field) in add_request, before anything reaches the scheduler. The runner is anything
-with `execute(SchedulerOutput) -> RunnerOutput`, so the scheduler is testable without a model.
+the host to know every earlier token, so it waits for the step in flight first and runs alone.
+
+Bad parameters raise InvalidRequest (a ValueError naming the field) in add_request, before
+anything reaches the scheduler. The runner is anything with `execute(SchedulerOutput) ->
+RunnerOutput` and `execute_async` (its output's `result()` gives that RunnerOutput later), so the
+scheduler is testable without a model.
 A `step_observer`, when set, sees every step that ran with its wall time (the roofline metrics).
 Traced requests get their records' queue and step times here (`traces.py`).
 """
@@ -44,6 +47,7 @@ class InFlight:
     """A step launched by async scheduling whose sampled ids the host has not read yet."""
 
     so: SchedulerOutput
+    requests: dict[str, Request]  # the scheduled ones: an id can finish and be added again meanwhile
     output: PendingOutput
     started: float  # perf_counter when it was scheduled
 
@@ -125,9 +129,12 @@ class EngineCore:
         launched = None
         if so.has_work_for_runner:
             self.scheduler.advance(so)  # progress and placeholders now: the next schedule builds on them
-            launched = InFlight(so, self.runner.execute_async(so), start)
+            scheduled = {rid: self.scheduler.requests[rid] for rid in so.num_scheduled_tokens}
+            launched = InFlight(so, scheduled, self.runner.execute_async(so), start)
         deltas = self._read_in_flight()
         self.in_flight = launched
+        if not self.scheduler.has_unfinished():  # the step just launched holds finished rows only:
+            deltas += self._read_in_flight()   # read it now, not after the idle time until the next request
         return failed + deltas
 
     def _read_in_flight(self) -> list[TokenDelta]:
@@ -137,7 +144,7 @@ class EngineCore:
             return []
         ro = step.output.result()
         now = time.perf_counter()
-        deltas = self.scheduler.apply(step.so, ro) + self.scheduler.take_failed()
+        deltas = self.scheduler.apply(step.so, ro, step.requests) + self.scheduler.take_failed()
         if self.step_observer is not None:  # its share of the wall time: from the later of its start and the last read
             self.step_observer.observe(step.so, ro, now - max(step.started, self._last_read))
         self._last_read = now

@@ -186,19 +186,26 @@ class Scheduler:
                 req.spec_token_ids = []
             req.num_computed_tokens += num_new
 
-    def apply(self, so: SchedulerOutput, ro: RunnerOutput) -> list[TokenDelta]:
-        """The step's sampled tokens and the stop rules. A request that finished, was aborted or
-        was preempted since the step was scheduled (async scheduling) keeps no progress of it; a
-        preempted one keeps its token, which is exact."""
-        for request_id in so.num_scheduled_tokens:
+    def apply(self, so: SchedulerOutput, ro: RunnerOutput,
+              scheduled: dict[str, Request] | None = None) -> list[TokenDelta]:
+        """The step's sampled tokens and the stop rules. A request that finished or was aborted
+        since the step was scheduled (async scheduling) gets nothing from it (its row ran for
+        nothing); one preempted meanwhile keeps its token, which is exact. `scheduled`: the
+        requests the step was scheduled with (async scheduling), so that an id that finished and
+        was added again meanwhile is not taken for its successor."""
+        def current(request_id: str) -> Request | None:
             req = self.requests.get(request_id)
+            return None if req is None or (scheduled is not None and scheduled[request_id] is not req) else req
+
+        for request_id in so.num_scheduled_tokens:
+            req = current(request_id)
             if req is not None and req.status == RequestStatus.RUNNING:
                 self.block_manager.cache_full_blocks(req)
         deltas = []
         for i, request_id in enumerate(ro.request_ids):
-            req = self.requests.get(request_id)
+            req = current(request_id)
             if req is None:
-                continue  # finished or aborted while the step was in flight: its row ran for nothing
+                continue
             req.num_placeholders -= 1
             first_delta = req.num_output_tokens == 0
             accepted: list[int] = []

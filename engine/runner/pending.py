@@ -25,8 +25,9 @@ class PendingStep:
         self._event: torch.cuda.Event | None = None
         self._resolved: RunnerOutput | None = None
         if token_ids.is_cuda:
-            token_ids, logprob_token_ids, logprobs = (
-                None if t is None else _to_pinned(t) for t in (token_ids, logprob_token_ids, logprobs))
+            token_ids = _to_pinned(token_ids)
+            logprob_token_ids = None if logprob_token_ids is None else _to_pinned(logprob_token_ids)
+            logprobs = None if logprobs is None else _to_pinned(logprobs)
             self._event = torch.cuda.Event()
             self._event.record()
         self._token_ids = token_ids

@@ -1,5 +1,6 @@
 """Async scheduling (each step scheduled and launched before the previous one's ids are read)
-against the plain loop, on a tiny random-weight model on CPU: the same tokens, finish reasons and
+against the plain loop, on a tiny random-weight model (on CPU here, on CUDA in the GPU check, where
+the ids really arrive behind the step's kernels): the same tokens, finish reasons and
 logprobs for every request, through chunked prefill, stop tokens, length limits, penalties, seeded
 sampling, preemption, prefix-cache hits and aborts, and everything freed at the end.
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from device_under_test import TEST_DEVICE
 
 from common.engine_config import EngineConfig
 from common.messages import SamplingParams
@@ -21,7 +23,7 @@ from engine.runner.kv_cache import bytes_per_block
 
 
 def make_engine(model_dir: str, async_scheduling: str, **overrides) -> LLMEngine:
-    fields = dict(model=model_dir, dtype="float32", device="cpu", max_model_len=128, max_num_seqs=8,
+    fields = dict(model=model_dir, dtype="float32", device=TEST_DEVICE, max_model_len=128, max_num_seqs=8,
                   max_num_batched_tokens=32, kv_cache_memory=1 << 20, batch_invariant=True,
                   async_scheduling=async_scheduling)
     fields.update(overrides)
@@ -123,3 +125,20 @@ def test_async_scheduling_abort_in_flight(tiny_llama_dir, abort_step):
     for rid in ("stays", "late"):
         assert ahead[rid] == plain[rid]
     assert ahead["aborted"]["finish"] is None and len(ahead["aborted"]["tokens"]) < 20
+
+
+def test_async_scheduling_id_added_again_while_in_flight(tiny_llama_dir):
+    """An id aborted and added again while a step holding the old request is in flight: the new
+    request gets none of the old one's tokens."""
+    engine = make_engine(tiny_llama_dir, "on")
+    engine.add_request("a", [5, 6, 7, 8], greedy(20))
+    for _ in range(3):
+        engine.step()
+    assert engine.in_flight is not None and "a" in engine.in_flight.requests
+    engine.abort("a")
+    engine.add_request("a", [9, 10, 11], greedy(6))
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        tokens += [t for d in engine.step() for t in d.new_token_ids]
+    fresh = run(make_engine(tiny_llama_dir, "off"), {"a": ([9, 10, 11], greedy(6))}, {0: ["a"]})
+    assert tokens == fresh["a"]["tokens"] and len(tokens) == 6
