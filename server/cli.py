@@ -13,8 +13,7 @@ from common.default_model import DEFAULT_MODEL_NAME, default_model_dir, ensure_d
 from server.app import create_app
 from server.config import parse_args
 from server.draining import DrainingServer
-from server.http_protocol import LimitedH11Protocol
-from server.middleware import MAX_HEADER_BYTES
+from server.http_protocol import LimitedHttpToolsProtocol
 from server.state import ServingState
 
 logger = logging.getLogger("server")
@@ -34,14 +33,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m server") -> int:
     served_name = server_config.served_model_name or engine_config.model or DEFAULT_MODEL_NAME
     state = ServingState(server_config, engine_config.replace(model=model_dir), model_dir, served_name)
     raise_open_file_limit()
-    # h11 buffers at most MAX_HEADER_BYTES of an unfinished request head, so a single huge
-    # header cannot exhaust memory; the protocol answers it with 431.
+    # The protocol (httptools) refuses a request head that grows past MAX_HEADER_BYTES with 431
+    # and one that arrives too slowly with 408 (server/http_protocol.py).
     # loop "auto" (uvicorn's default) runs uvloop, pinned in requirements.txt: at one stream the
     # server on it gave TPOT 8.61 vs 8.92 ms on asyncio's loop (README).
     config = uvicorn.Config(
         create_app(state), host=server_config.host, port=server_config.port,
-        http=LimitedH11Protocol.with_header_timeout(server_config.header_read_timeout), lifespan="on",
-        h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        http=LimitedHttpToolsProtocol.with_header_timeout(server_config.header_read_timeout), lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         log_level=server_config.log_level, log_config=None, access_log=False)
     server = DrainingServer(config, state)
     try:

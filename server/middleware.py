@@ -6,7 +6,7 @@ a client without it learns nothing about request validation; it is compared in c
 MAX_REQUEST_BYTES is refused with 413 while it is read, so a huge upload never sits in memory,
 and a client that stops sending its body for `read_timeout_s` gets 408 (nginx's
 client_body_timeout): the handler never waits on it for ever, and nothing reached the engine.
-A head that h11 is still buffering is bounded by `server.http_protocol`.
+A head still arriving is bounded by `server.http_protocol`.
 """
 from __future__ import annotations
 

@@ -222,7 +222,7 @@ def test_oversized_header_sections_get_431_and_normal_ones_pass(server):
 
 
 def test_header_section_sent_in_pieces_gets_431(server):
-    """A head that grows past the limit over several reads is stopped by h11's buffer limit."""
+    """A head that grows past the limit over several reads is stopped by the protocol's limit."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=20) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
         answer = b""
