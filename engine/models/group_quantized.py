@@ -214,8 +214,8 @@ def _fastest_batch(methods: list[GroupQuantizedMethod], layers: list[Linear], dt
     if len(names) == 1:
         return 0
     x = _probe_input(layers, dtype, rows)
-    seconds = [_cold_seconds([functools.partial(m.batch_candidates[i].apply, la, x)
-                              for m, la in zip(methods, layers, strict=True)], evict) for i in range(len(names))]
+    seconds = _cold_seconds([[functools.partial(m.batch_candidates[i].apply, la, x)
+                              for m, la in zip(methods, layers, strict=True)] for i in range(len(names))], evict)
     return min(range(len(names)), key=seconds.__getitem__)
 
 
@@ -230,8 +230,10 @@ def _crossover(methods: list[GroupQuantizedMethod], layers: list[Linear], dtype:
         best, tried = 1, CANDIDATE_ROWS[1:]
     for rows in (r for r in tried if r <= limit):
         x = _probe_input(layers, dtype, rows)
-        codes = _cold_seconds([functools.partial(m.apply_codes, x) for m in methods], evict)
-        if codes >= _batch_seconds(methods, layers, x, evict):
+        codes, batch = _cold_seconds([[functools.partial(m.apply_codes, x) for m in methods],
+                                      [functools.partial(m.batch.apply, la, x)
+                                       for m, la in zip(methods, layers, strict=True)]], evict)
+        if codes >= batch:
             break
         best = rows
     return best
@@ -241,24 +243,25 @@ def _probe_input(layers: list[Linear], dtype: torch.dtype, rows: int) -> torch.T
     return torch.randn(rows, layers[0].input_size, generator=torch.Generator().manual_seed(rows)).to(dtype)
 
 
-def _batch_seconds(methods: list[GroupQuantizedMethod], layers: list[Linear], x: torch.Tensor,
-                   evict: torch.Tensor) -> float:
-    """_cold_seconds of every layer's batch method on x."""
-    return _cold_seconds([functools.partial(m.batch.apply, la, x) for m, la in zip(methods, layers, strict=True)],
-                         evict)
-
-
-def _cold_seconds(calls: list[Callable[[], object]], evict: torch.Tensor, rounds: int = 3) -> float:
-    """Median over rounds of the time to make every call once, the caches evicted before each."""
-    calls[0]()
-    times = []
+def _cold_seconds(alternatives: list[list[Callable[[], object]]], evict: torch.Tensor,
+                  rounds: int = 3) -> list[float]:
+    """Per alternative (a list of calls), the fastest over rounds of the time to make every call
+    once, the caches evicted before each. The alternatives take turns within each round, and
+    the fastest pass is the one least disturbed: whatever else runs on the machine at start-up
+    (another server starting, a build) can only add time, and it no longer lands on one
+    alternative's passes alone (two servers started together once had one of them take oneDNN
+    for the MLP, and run 1.5x slower at 32 streams for its whole life)."""
+    for calls in alternatives:
+        calls[0]()
+    best = [float("inf")] * len(alternatives)
     for _ in range(rounds):
-        evict.add_(1)  # writes every line of a buffer larger than the last-level cache
-        start = time.perf_counter()
-        for call in calls:
-            call()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[rounds // 2]
+        for i, calls in enumerate(alternatives):
+            evict.add_(1)  # writes every line of a buffer larger than the last-level cache
+            start = time.perf_counter()
+            for call in calls:
+                call()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
 
 
 def describe_batch_methods(verdicts: dict[ShapeKey, Verdict]) -> str:
