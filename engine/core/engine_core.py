@@ -3,7 +3,7 @@
 One step is `schedule()` -> `runner.execute()` -> `update()`; it returns one TokenDelta per
 request that produced tokens or finished. With async scheduling (`async_scheduling`, on by default
 on CUDA) a step is scheduled and launched before the previous one's sampled ids are read: step()
-schedules step N+1 as if they were known (placeholders), queues it, then reads step N's ids and
+schedules step N+1 as if they were known (counted as in flight), queues it, then reads step N's ids and
 returns step N's deltas, so the host's work for N+1 overlaps the device's for N (SGLang's overlap
 scheduler, vLLM's async scheduling). A step with drafts, a grammar or a traced request needs
 the host to know every earlier token, so it waits for the step in flight first and runs alone.
@@ -128,7 +128,7 @@ class EngineCore:
         failed = self.scheduler.take_failed()
         launched = None
         if so.has_work_for_runner:
-            self.scheduler.advance(so)  # progress and placeholders now: the next schedule builds on them
+            self.scheduler.advance(so)  # progress and tokens in flight now: the next schedule builds on them
             scheduled = {rid: self.scheduler.requests[rid] for rid in so.num_scheduled_tokens}
             launched = InFlight(so, scheduled, self.runner.execute_async(so), start)
         deltas = self._read_in_flight()

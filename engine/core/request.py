@@ -45,10 +45,10 @@ class Request:
         self.spec_token_ids: list[int] = []
         self.spec_acceptance = 1.0
         self.spec_resume_step = 0
-        # Async scheduling: output tokens that scheduled steps will sample but the host has not
-        # read yet (one per step in flight that samples it). The next step is scheduled as if
-        # they were known: the runner finds them in its device token table.
-        self.num_placeholders = 0
+        # Async scheduling: output tokens that launched steps sample but the host has not read
+        # yet (one per step in flight that samples it). The next step is scheduled as if they
+        # were known: the runner finds them in its device token table.
+        self.num_in_flight = 0
         # Structured outputs: its grammar, None if unconstrained
         self.grammar: RequestGrammar | None = None
         self.finish_reason: FinishReason | None = None
@@ -62,7 +62,7 @@ class Request:
     @property
     def num_tokens_with_pending(self) -> int:
         """The known tokens, this step's draft, and the ids that steps in flight will sample."""
-        return len(self.token_ids) + len(self.spec_token_ids) + self.num_placeholders
+        return len(self.token_ids) + len(self.spec_token_ids) + self.num_in_flight
 
     @property
     def num_output_tokens(self) -> int:

@@ -81,7 +81,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.num_placeholders and self._finishes_with_pending(req):
+            if req.num_in_flight and self._reaches_length(req, req.num_tokens + req.num_in_flight):
                 i += 1  # the tokens in flight reach its length limit: another row would be wasted
                 continue
             num_blocks_before = len(req.block_ids)
@@ -115,7 +115,7 @@ class Scheduler:
         while (self.waiting and not out.preempted_request_ids and budget > 0
                and len(self.running) < self.max_num_seqs):
             req = self.waiting[0]
-            assert not req.num_placeholders, "a preempted request is read back before it is admitted again"
+            assert not req.num_in_flight, "a preempted request is read back before it is admitted again"
             if req.grammar is not None and (not req.grammar.ready() or req.grammar.error is not None):
                 compiling.append(self.waiting.popleft())  # failed ones end at the next step's start
                 continue
@@ -167,8 +167,8 @@ class Scheduler:
         return self.apply(so, ro)
 
     def advance(self, so: SchedulerOutput, ro: RunnerOutput | None = None) -> None:
-        """Progress for every scheduled request, and a placeholder for each token the step will
-        sample. With async scheduling this runs as the step starts (`ro` None, no drafts), so the
+        """Progress for every scheduled request, and one token in flight for each request the
+        step samples. With async scheduling this runs as the step starts (`ro` None, no drafts), so the
         next step is scheduled before the host knows these tokens."""
         if so.spec_token_ids:
             assert ro is not None, "a step with drafts advances by what it accepted"
@@ -176,7 +176,7 @@ class Scheduler:
         for request_id, num_new in so.num_scheduled_tokens.items():
             req = self.requests[request_id]
             if req.num_computed_tokens + num_new == req.num_tokens_with_pending:  # it reaches the end: it samples
-                req.num_placeholders += 1
+                req.num_in_flight += 1
             draft = so.spec_token_ids.get(request_id)
             if draft:  # the KV of rejected draft positions is not kept: those slots are rewritten later
                 assert self.speculator is not None
@@ -193,20 +193,17 @@ class Scheduler:
         nothing); one preempted meanwhile keeps its token, which is exact. `scheduled`: the
         requests the step was scheduled with (async scheduling), so that an id that finished and
         was added again meanwhile is not taken for its successor."""
-        def current(request_id: str) -> Request | None:
-            req = self.requests.get(request_id)
-            return None if req is None or (scheduled is not None and scheduled[request_id] is not req) else req
-
-        for request_id in so.num_scheduled_tokens:
-            req = current(request_id)
-            if req is not None and req.status == RequestStatus.RUNNING:
+        live = {rid: req for rid in so.num_scheduled_tokens
+                if (req := self.requests.get(rid)) is not None and (scheduled is None or scheduled[rid] is req)}
+        for req in live.values():
+            if req.status == RequestStatus.RUNNING:
                 self.block_manager.cache_full_blocks(req)
         deltas = []
         for i, request_id in enumerate(ro.request_ids):
-            req = current(request_id)
+            req = live.get(request_id)
             if req is None:
                 continue
-            req.num_placeholders -= 1
+            req.num_in_flight -= 1
             first_delta = req.num_output_tokens == 0
             accepted: list[int] = []
             for token in ro.sampled_token_ids[i]:
@@ -262,16 +259,15 @@ class Scheduler:
         if req.num_output_tokens >= req.params.min_tokens and token in req.stop_token_ids:
             reason = "stop"
             stop_reason = token if token in req.params.stop_token_ids else None
-        if reason is None and (req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len):
+        if reason is None and self._reaches_length(req, req.num_tokens):
             reason = "length"
         if reason is None:
             return False
         self.finish(req, reason, stop_reason)
         return True
 
-    def _finishes_with_pending(self, req: Request) -> bool:
-        """Whether the tokens in flight end the request by length, whatever they are."""
-        num_tokens = req.num_tokens + req.num_placeholders
+    def _reaches_length(self, req: Request, num_tokens: int) -> bool:
+        """Whether `num_tokens` tokens (prompt and outputs) end the request by length."""
         return num_tokens - req.num_prompt_tokens >= req.max_tokens or num_tokens >= self.max_model_len
 
     def _preempt(self, req: Request) -> None:

@@ -25,7 +25,7 @@ from engine.models.llama import CausalLM
 from engine.runner.buffers import CpuGpuBuffer
 from engine.runner.decode_graphs import DecodeGraphs
 from engine.runner.input_batch import InputBatch
-from engine.runner.pending import PendingStep, add_logprobs
+from engine.runner.pending import PendingStep, ReadyStep, add_logprobs
 from engine.sample.sampler import Sampler
 from engine.sample.verify import accept_drafts
 from engine.structured.bitmask import apply_grammar_bitmask
@@ -89,7 +89,7 @@ class ModelRunner:
         return self.execute_async(so).result()
 
     @torch.inference_mode()
-    def execute_async(self, so: SchedulerOutput) -> PendingStep:
+    def execute_async(self, so: SchedulerOutput) -> PendingStep | ReadyStep:
         """Run the step; its sampled ids come with `result()` of what this returns (on CUDA the
         kernels are queued and the call returns before they finish)."""
         start = time.perf_counter()
@@ -97,7 +97,7 @@ class ModelRunner:
             self._staged.synchronize()
         self.update_states(so)
         if not so.num_scheduled_tokens:
-            return PendingStep.done(RunnerOutput.empty())
+            return ReadyStep(RunnerOutput.empty())
         inputs = self.prepare_inputs(so)
         trace = self.tracer.begin(inputs, start) if self.tracer.followed else None
         if trace is None:
@@ -105,15 +105,15 @@ class ModelRunner:
         with trace:
             result = self._run(so, inputs, trace).result()
         result.traces = trace.finish()
-        return PendingStep.done(result)
+        return ReadyStep(result)
 
-    def _run(self, so: SchedulerOutput, inputs: ModelInputs, trace: StepTrace | None) -> PendingStep:
+    def _run(self, so: SchedulerOutput, inputs: ModelInputs, trace: StepTrace | None) -> PendingStep | ReadyStep:
         """Forward, logits and sampling of a prepared step; `trace` takes a lap after each."""
         hidden = self.forward(inputs, eager=trace is not None)  # a traced step times every module
         if trace is not None:
             trace.lap("forward")
         if not inputs.sampled_request_ids:
-            return PendingStep.done(RunnerOutput.empty())
+            return ReadyStep(RunnerOutput.empty())
         with invariant_rows_from(inputs.invariant_logits_start):
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [num_sampled, vocab]
         if so.grammar is not None:
@@ -137,7 +137,7 @@ class ModelRunner:
             assert out.logprob_token_ids is not None
             add_logprobs(result, out.logprob_token_ids.tolist(), out.logprobs.tolist(), md.num_logprobs.tolist(),
                          (np.cumsum(inputs.num_logits) - inputs.num_logits).tolist())
-        return PendingStep.done(result)
+        return ReadyStep(result)
 
     @staticmethod
     def _logits_row_of(inputs: ModelInputs) -> dict[str, int]:

@@ -15,6 +15,16 @@ import torch
 from engine.core.outputs import RunnerOutput
 
 
+class ReadyStep:
+    """A step whose output the host already has (drafts verified, a traced step, no samples)."""
+
+    def __init__(self, result: RunnerOutput):
+        self._result = result
+
+    def result(self) -> RunnerOutput:
+        return self._result
+
+
 class PendingStep:
     def __init__(self, request_ids: list[str], token_ids: torch.Tensor, num_logprobs: np.ndarray,
                  logprob_token_ids: torch.Tensor | None, logprobs: torch.Tensor | None):
@@ -34,13 +44,6 @@ class PendingStep:
         self._logprob_token_ids, self._logprobs = logprob_token_ids, logprobs
         if self._event is None:
             self.result()  # on CPU: read now, whatever later steps do with the sampler's buffers
-
-    @classmethod
-    def done(cls, result: RunnerOutput) -> PendingStep:
-        """A step whose output the host already has (drafts verified, a traced step, no samples)."""
-        pending = cls.__new__(cls)
-        pending._resolved = result
-        return pending
 
     def result(self) -> RunnerOutput:
         if self._resolved is not None:
