@@ -95,8 +95,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self._in_head:  # part of a head arrived: say why the connection ends
             self._reply_and_close(408, f"the request head did not arrive within {self.header_timeout_s:g} s")
-        elif self.cycle is None:  # a connection that never sent a byte: just close it, as nginx does
-            self.transport.close()
+        else:  # the timer runs outside a head only from the connection's start: it never sent a byte
+            self.transport.close()  # just close it, as nginx does
 
     def _reply_and_close(self, status: int, message: str) -> None:
         """A whole response written directly, whatever the parser's state."""
