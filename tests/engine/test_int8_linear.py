@@ -1,7 +1,7 @@
 """The int8 batch linear (engine/native/csrc/int8_linear.cpp) against a plain-torch reference of
 the same arithmetic, and the packing it reads.
 
-The reference quantizes each row's groups of 32 as the kernel does (float32 amax, scale 127 /
+The reference quantizes each row's groups of 64 as the kernel does (float32 amax, scale 127 /
 amax, round half to even), takes the integer dots exactly in float64 and applies the scales in
 float64: the kernel's float32 sums over the groups must match it to float32 rounding.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.int8_linear import pack_int8, unpack_int8
+from engine.models.int8_linear import GROUP, pack_int8, unpack_int8
 from engine.native import kernels
 
 native = kernels()
@@ -20,22 +20,22 @@ pytestmark = pytest.mark.skipif(native is None or not native.int8_linear_availab
 
 def _reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     rows, inputs = x.shape
-    groups = x.float().view(rows, inputs // 32, 32)
+    groups = x.float().view(rows, inputs // GROUP, GROUP)
     amax = groups.abs().amax(dim=2, keepdim=True)
     inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
     qx = torch.round(groups * inv).double()
     weights_q = torch.round(unpack_int8(codes, torch.ones_like(scales))).double()  # the integers
-    dots = torch.einsum("mgk,ngk->mgn", qx, weights_q.view(-1, inputs // 32, 32))
+    dots = torch.einsum("mgk,ngk->mgn", qx, weights_q.view(-1, inputs // GROUP, GROUP))
     return ((dots * (amax / 127).double()).sum(1) * scales.double()).float()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 11, 32])
-@pytest.mark.parametrize("inputs,outputs", [(64, 16), (96, 80), (576, 960)])  # 80: a tile of 3 vectors and one of 2
+@pytest.mark.parametrize("inputs,outputs", [(64, 16), (192, 80), (576, 960)])  # 80: a tile of 3 vectors and one of 2
 def test_int8_linear_matches_the_reference(dtype, rows, inputs, outputs):
     g = torch.Generator().manual_seed(rows * 1000 + outputs)
     x = torch.randn(rows, inputs, generator=g).to(dtype)
-    x[0, :32] = 0  # a group of zeros: scale 0, no division by it
+    x[0, :GROUP] = 0  # a group of zeros: scale 0, no division by it
     codes, scales = pack_int8(torch.randn(outputs, inputs, generator=g))
     expected = _reference(x, codes, scales)
     out32 = native.int8_linear(x, codes, scales, True)
@@ -91,6 +91,8 @@ def test_bad_shapes_are_refused():
         native.int8_linear(torch.randn(2, 96), codes, scales, False)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         native.int8_linear(torch.randn(2, 48), codes[:, :12].contiguous(), scales, False)
+    with pytest.raises(RuntimeError, match="multiple of 64"):
+        native.int8_linear(torch.randn(2, 96), pack_int8(torch.randn(16, 128))[0][:, :24].contiguous(), scales, False)
     with pytest.raises(AssertionError, match="out % 16"):
         pack_int8(torch.randn(20, 64))
 

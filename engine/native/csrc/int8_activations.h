@@ -1,5 +1,6 @@
-// Activations as int8 per row and group of 32 inputs, x[m, k] ~ dx[m, g] * qx[m, k] with
-// dx = amax / 127: what the VPDPBUSD kernels (int8_linear.cpp, q4_int8_linear.cpp) multiply.
+// Activations as int8 per row and group of `Group` inputs (32 or 64), x[m, k] ~ dx[m, g] * qx[m, k]
+// with dx = amax / 127: what the VPDPBUSD kernels multiply (q4_int8_linear.cpp in groups of 32,
+// those of its Q4_1 weights; int8_linear.cpp in groups of 64, see there).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,7 +14,7 @@
 
 namespace llm_serve {
 
-constexpr int64_t kActivationGroup = 32;
+constexpr int64_t kActivationGroup = 32;  // the group that check_int8_input asks of every kernel's inputs
 
 // A buffer that keeps its memory between calls and only grows, uninitialized: a std::vector
 // resized for every call allocated and zero-filled what the quantization then overwrote (at 512
@@ -45,17 +46,21 @@ struct Activations {
 };
 
 #if defined(__AVX512VNNI__)
-// groups first..first+n of x (n <= 16; the rows' groups one after another): each group's codes,
-// scale and offset. Sixteen groups' maxima and sums come out of one transposing reduction each
-// rather than a horizontal reduction per group, the same values (max and integer sums are exact
-// in any order; the divisions are the scalar ones, lane by lane).
-template <typename In>
+// groups first..first+n of x (n <= 16; the rows' groups of Group inputs one after another): each
+// group's codes, scale and offset. Sixteen groups' maxima and sums come out of one transposing
+// reduction each rather than a horizontal reduction per group, the same values (max and integer
+// sums are exact in any order; the divisions are the scalar ones, lane by lane).
+template <int Group, typename In>
 inline void quantize_groups(const In* x, int64_t first, int n, Activations& a) {
+  static_assert(Group % 32 == 0, "groups of whole pairs of vectors");
+  constexpr int kVectors = Group / 16;
   __m512 parts[16];
   for (int j = 0; j < 16; ++j) {
     if (j < n) {
-      const In* xg = x + (first + j) * kActivationGroup;
-      parts[j] = _mm512_max_ps(_mm512_abs_ps(load16(xg)), _mm512_abs_ps(load16(xg + 16)));
+      const In* xg = x + (first + j) * Group;
+      __m512 m = _mm512_abs_ps(load16(xg));
+      for (int v = 1; v < kVectors; ++v) m = _mm512_max_ps(m, _mm512_abs_ps(load16(xg + 16 * v)));
+      parts[j] = m;
     } else {
       parts[j] = _mm512_setzero_ps();
     }
@@ -69,13 +74,15 @@ inline void quantize_groups(const In* x, int64_t first, int n, Activations& a) {
   for (int j = 0; j < 16; ++j) {
     if (j < n) {
       const int64_t i = first + j;
-      const In* xg = x + i * kActivationGroup;
+      const In* xg = x + i * Group;
       const __m512 scale = _mm512_permutexvar_ps(_mm512_set1_epi32(j), inv);
-      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(load16(xg), scale));  // nearest, ties to even
-      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(load16(xg + 16), scale));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + i * kActivationGroup), _mm512_cvtsepi32_epi8(q0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + i * kActivationGroup + 16), _mm512_cvtsepi32_epi8(q1));
-      sums[j] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
+      __m512i sum = _mm512_setzero_si512();
+      for (int v = 0; v < kVectors; ++v) {
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(load16(xg + 16 * v), scale));  // nearest, ties to even
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + i * Group + 16 * v), _mm512_cvtsepi32_epi8(q));
+        sum = _mm512_add_epi32(sum, q);
+      }
+      sums[j] = _mm512_castsi512_ps(sum);
     } else {
       sums[j] = _mm512_setzero_ps();
     }
@@ -88,8 +95,9 @@ inline void quantize_groups(const In* x, int64_t first, int n, Activations& a) {
 
 // Sizes a's buffers for x [M, K]; returns the number of groups, quantized 16 at a time by
 // quantize_blocks
+template <int Group>
 inline int64_t size_for(Activations& a, int64_t M, int64_t K) {
-  const int64_t G = K / kActivationGroup;
+  const int64_t G = K / Group;
   a.q.resize(M * K);
   a.scale.resize(M * G);
   a.offset.resize(M * G);
@@ -97,25 +105,25 @@ inline int64_t size_for(Activations& a, int64_t M, int64_t K) {
 }
 
 // Blocks lo..hi-1 of 16 groups (the last may be shorter) of x's `groups`
-template <typename In>
+template <int Group, typename In>
 inline void quantize_blocks(const In* x, int64_t groups, int64_t lo, int64_t hi, Activations& a) {
   for (int64_t b = lo; b < hi; ++b)
-    quantize_groups(x, b * 16, static_cast<int>(std::min<int64_t>(16, groups - b * 16)), a);
+    quantize_groups<Group>(x, b * 16, static_cast<int>(std::min<int64_t>(16, groups - b * 16)), a);
 }
 
 // All M rows' groups, on the calling thread alone
-template <typename In>
+template <int Group, typename In>
 void quantize_rows(const In* x, int64_t M, int64_t K, Activations& a) {
-  const int64_t groups = size_for(a, M, K);
-  quantize_blocks(x, groups, 0, (groups + 15) / 16, a);
+  const int64_t groups = size_for<Group>(a, M, K);
+  quantize_blocks<Group>(x, groups, 0, (groups + 15) / 16, a);
 }
 
 // All M rows' groups, shared out among the threads
-template <typename In>
+template <int Group, typename In>
 void quantize_rows_in_parallel(const In* x, int64_t M, int64_t K, Activations& a) {
-  const int64_t groups = size_for(a, M, K);
+  const int64_t groups = size_for<Group>(a, M, K);
   llm_serve::parallel_for(0, (groups + 15) / 16, 4,
-                          [&](int64_t lo, int64_t hi) { quantize_blocks(x, groups, lo, hi, a); });
+                          [&](int64_t lo, int64_t hi) { quantize_blocks<Group>(x, groups, lo, hi, a); });
 }
 
 // Up to this many threads, each quantizes every row for itself (below); above, its copy would
@@ -123,7 +131,7 @@ void quantize_rows_in_parallel(const In* x, int64_t M, int64_t K, Activations& a
 constexpr int kMaxThreadsQuantizingAll = 4;
 
 // fn(a, lo, hi) over the chunks [lo, hi) of [0, items) that parallel_chunks hands each thread,
-// with `a` the quantization of all of x [M, K].
+// with `a` the quantization of all of x [M, K] in groups of Group inputs.
 //
 // Each thread quantizes every row for itself, before its first chunk, rather than its part for
 // all: the threads' tiles read every row, so codes one thread wrote were shared with the other's
@@ -133,12 +141,12 @@ constexpr int kMaxThreadsQuantizingAll = 4;
 // tiles' O(M K N)) costs less, and the kernel is one parallel region instead of two. With more
 // threads than kMaxThreadsQuantizingAll (not measured here: the machines have two cores), the
 // rows are quantized once, shared out, into the caller's buffer.
-template <typename In, typename F>
+template <int Group, typename In, typename F>
 void with_own_activations(const In* x, int64_t M, int64_t K, int64_t items, int64_t grain, const F& fn) {
   if (at::get_num_threads() > kMaxThreadsQuantizingAll) {
     thread_local Activations shared;
     Activations& a = shared;  // (the lambda below, run by other threads, must see this thread's)
-    quantize_rows_in_parallel(x, M, K, a);
+    quantize_rows_in_parallel<Group>(x, M, K, a);
     llm_serve::parallel_for(0, items, grain,
                             [&](int64_t lo, int64_t hi) { fn(static_cast<const Activations&>(a), lo, hi); });
     return;
@@ -149,7 +157,7 @@ void with_own_activations(const In* x, int64_t M, int64_t K, int64_t items, int6
     bool quantized = false;
     while (chunks.next(lo, hi)) {
       if (!quantized) {
-        quantize_rows(x, M, K, own);
+        quantize_rows<Group>(x, M, K, own);
         quantized = true;
       }
       fn(static_cast<const Activations&>(own), lo, hi);

@@ -5,10 +5,13 @@
 //   weights: per output channel, w[n, k] ~ sw[n] * qw[n, k], qw in -127..127, stored as
 //            qw + 128 (VPDPBUSD multiplies unsigned by signed bytes) in "quads" of 16 outputs x 4
 //            inputs: uint8 [N/16, K/4, 16, 4] (engine/models/int8_linear.py packs them)
-//   activations: per row and group of 32 inputs, x[m, k] ~ dx[m, g] * qx[m, k], dx = amax / 127,
+//   activations: per row and group of 64 inputs, x[m, k] ~ dx[m, g] * qx[m, k], dx = amax / 127,
 //            quantized here for each call. A group's scale follows its own outliers, which one
-//            scale per row would not (that costs this model about 3 % of perplexity; groups of
-//            32 cost none measurable, as in llama.cpp's Q8 activations).
+//            scale per row would not (that costs this model about 3 % of perplexity). Groups of
+//            64 rather than llama.cpp's 32: each group ends in a conversion and an FMA per
+//            accumulator, which at 32 inputs took a fifth of the tile loop's vector work; at 64
+//            a prefill of 32 x 158 tokens took 0.89-0.91x the time and a decode step at 32
+//            sequences 0.98x, for PERPLEXITY_NOTE.
 //
 //   out[m, n] = sw[n] * sum_g dx[m, g] * (sum_{k in g} (qw[n, k] + 128) * qx[m, k] - 128 * sum_{k in g} qx[m, k])
 //
@@ -27,7 +30,7 @@
 
 namespace {
 
-constexpr int64_t kGroup = 32;
+constexpr int64_t kGroup = 64;  // inputs per activation scale
 constexpr int64_t kVector = 16;  // outputs per weight vector
 constexpr int64_t kQuad = 4;     // inputs per VPDPBUSD lane
 constexpr int kTileVectors = 3;  // weight vectors per tile (48 outputs)
@@ -119,7 +122,7 @@ template <typename In, typename Out>
 void run(const In* x, const uint8_t* w, const float* w_scale, int64_t M, int64_t K, int64_t N, Out* out) {
   const int64_t vectors = N / kVector, tiles = (vectors + kTileVectors - 1) / kTileVectors;
   // a thread takes whole tiles: each tile's weights (K x 48 bytes) stay in L1/L2 over the rows
-  llm_serve::with_own_activations(x, M, K, tiles, 1, [&](const Activations& a, int64_t lo, int64_t hi) {
+  llm_serve::with_own_activations<kGroup>(x, M, K, tiles, 1, [&](const Activations& a, int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t v0 = t * kTileVectors;
       // the tile after this one: the next a thread takes from its own share
@@ -146,7 +149,7 @@ bool int8_linear_available() {
 #endif
 }
 
-// x [M, K] float32 or bfloat16 (K a multiple of 32); weights uint8 [N/16, K/4, 16, 4] (qw + 128);
+// x [M, K] float32 or bfloat16 (K a multiple of 64); weights uint8 [N/16, K/4, 16, 4] (qw + 128);
 // w_scale float32 [N]. out [M, N]: float32 if float32_out, else x's dtype.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& w_scale, bool float32_out) {
   TORCH_CHECK(int8_linear_available(), "int8_linear needs AVX512-VNNI");
@@ -158,6 +161,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weights, const at:
   const int64_t N = weights.size(0) * kVector;
   TORCH_CHECK(w_scale.is_contiguous() && w_scale.scalar_type() == at::kFloat && w_scale.numel() == N,
               "w_scale: float32 [out], contiguous");
+  TORCH_CHECK(K % kGroup == 0, "int8_linear: in_features must be a multiple of 64");
   return llm_serve::run_int8_kernel(x, N, float32_out, [&](const auto* xp, auto* out) {
 #if defined(__AVX512VNNI__)
     run(xp, weights.data_ptr<uint8_t>(), w_scale.data_ptr<float>(), M, K, N, out);

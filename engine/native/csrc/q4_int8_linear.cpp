@@ -79,7 +79,7 @@ template <typename In, typename Out>
 void run(const In* x, const uint8_t* codes, const at::Half* scales, const at::Half* mins, int64_t M, int64_t K,
          int64_t N, Out* out) {
   // a thread takes whole tiles; a tile's codes (K / 2 x 16 bytes) stay in L1/L2 over its rows
-  llm_serve::with_own_activations(x, M, K, N / kOutputs, 2,
+  llm_serve::with_own_activations<kGroup>(x, M, K, N / kOutputs, 2,
                                   [&](const llm_serve::Activations& a, int64_t lo, int64_t hi) {
     for (int64_t tile = lo; tile < hi; ++tile) {
       int64_t r = 0;
