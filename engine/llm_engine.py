@@ -73,7 +73,7 @@ class LLMEngine(EngineCore):
             assert native_kernels is not None
             others = use_int8_weights(self.model, native_kernels, dense_method)
             logger.info("--quantization int8: linear layers as int8 (per output channel) x int8 activations (per "
-                        "group of 32); dense: %s", ", ".join(others) or "none")
+                        "group of 64); dense: %s", ", ".join(others) or "none")
         self.quantized = self._use_gguf_codes(config, native_kernels)
         if self.device.type == "cpu":  # the kernels' weights, read at every step: a page walk per 4 KiB otherwise
             moved = weights_on_huge_pages(self.model)

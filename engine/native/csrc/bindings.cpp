@@ -44,7 +44,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of x = [gate | up] ([rows, 2 * width])", py::arg("x"));
   m.def("int8_linear_available", &int8_linear_available, "whether int8_linear was built (AVX512-VNNI)");
   m.def("int8_linear", &int8_linear,
-        "x [rows, in] @ W^T, x as int8 per group of 32 and W as int8 per output (uint8 [out/16, in/4, 16, 4], "
+        "x [rows, in] @ W^T, x as int8 per group of 64 and W as int8 per output (uint8 [out/16, in/4, 16, 4], "
         "q + 128; float32 scales [out])",
         py::arg("x"), py::arg("weights"), py::arg("w_scale"), py::arg("float32_out") = false);
   m.def("q4_int8_linear", &q4_int8_linear,
