@@ -52,7 +52,7 @@ struct Activations {
 // sums are exact in any order; the divisions are the scalar ones, lane by lane).
 template <int Group, typename In>
 inline void quantize_groups(const In* x, int64_t first, int n, Activations& a) {
-  static_assert(Group % 32 == 0, "groups of whole pairs of vectors");
+  static_assert(Group % 16 == 0, "groups of whole vectors");
   constexpr int kVectors = Group / 16;
   __m512 parts[16];
   for (int j = 0; j < 16; ++j) {

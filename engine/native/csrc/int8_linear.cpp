@@ -11,8 +11,8 @@
 //            64 rather than llama.cpp's 32: each group ends in a conversion and an FMA per
 //            accumulator (24 per 96 VPDPBUSD at 32 inputs in a 4 x 3 tile, 24 per 192 at 64); at 64
 //            a prefill of 32 x 158 tokens took 0.93x the time and a decode step at 32 sequences
-//            0.98x (AMD EPYC, Zen 4), for 0.15 % of perplexity (the batch path's 18.8236 ->
-//            18.8514 on the shipped text, +1.20 % of the float32 model's).
+//            0.98x (AMD EPYC, Zen 4), for 0.1-0.3 % of perplexity (the batch path's 18.8236 ->
+//            18.8514 on the shipped text, +1.20 % of the float32 model's; the README's table).
 //
 //   out[m, n] = sw[n] * sum_g dx[m, g] * (sum_{k in g} (qw[n, k] + 128) * qx[m, k] - 128 * sum_{k in g} qx[m, k])
 //
