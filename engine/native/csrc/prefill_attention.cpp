@@ -27,12 +27,15 @@
 // probabilities before that product), then the weighted sum of V. Both forms multiply the same
 // bfloat16 values exactly and add in float32; only the order of the additions differs.
 //
-// Which form: on the Xeons with AMX, VDPBF16PS issues once per two cycles and a float32 FMA twice
-// per cycle, so FMAs do twice the work per cycle; on the AMD EPYC (Zen 4) both issue once per
-// cycle (measured), so VDPBF16PS does twice the FMAs' work. The build defines
-// LLM_SERVE_BF16_DOT_ATTENTION there (engine/native/__init__.py).
+// Which form: on the AMD EPYC (Zen 4) VDPBF16PS and a float32 FMA both issue once per cycle
+// (measured), so VDPBF16PS does twice the FMAs' work; the build defines
+// LLM_SERVE_BF16_DOT_ATTENTION there (engine/native/__init__.py). On the Xeons with AMX, VDPBF16PS
+// issues once per two cycles, at the FMA's rate of products, and the matrix unit does both
+// products instead (attend_rows_amx, below: the bfloat16 pairs' layouts are its tiles' own), with
+// the float32 FMAs kept for a process the kernel refuses AMX tiles to.
 #include <ATen/ATen.h>
 
+#include "amx_tiles.h"
 #include "parallel.h"
 #include "vec16.h"
 
@@ -44,7 +47,10 @@
 #include <vector>
 
 #if defined(__AVX512F__)
-#if defined(LLM_SERVE_BF16_DOT_ATTENTION) && defined(__AVX512BF16__)
+#if defined(LLM_SERVE_AMX)
+#define PREFILL_AMX 1
+#define PREFILL_BF16_PAIRS 1
+#elif defined(LLM_SERVE_BF16_DOT_ATTENTION) && defined(__AVX512BF16__)
 #define PREFILL_BF16_PAIRS 1
 #endif
 namespace {
@@ -205,6 +211,44 @@ struct RowBuffers {
   std::vector<uint16_t> weights;      // [rows][width]: the weights' bfloat16 bits (VDPBF16PS)
 };
 
+// Pass 2 of attend_rows: per row, weights exp(scale * score - max) rounded to bfloat16 (as torch's
+// flash attention rounds them before the product with V), 0 past the row's keys up to its block's
+// last tile (block_tiles[r / R]); 1 / the sum of the rounded ones into inverse_sum[r]. The weights'
+// bfloat16 bits go to `weights` [rows][width] (bfloat16 pairs) or in the scores' place as float32.
+// `scale`: 1 where the scores were scaled as they were made (an exact product).
+inline void row_weights(float* scores, int64_t width, int num_rows, const int* limits,
+                        const std::vector<int>& block_tiles, int R, float scale, [[maybe_unused]] uint16_t* weights,
+                        float* inverse_sum) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const __m512 scale16 = _mm512_set1_ps(scale);
+  for (int r = 0; r < num_rows; ++r) {
+    float* s = scores + r * width;
+    const int visible_tiles = (limits[r] + kTileKeys - 1) / kTileKeys;
+    const auto valid = [&](int tile) {
+      return static_cast<__mmask16>((1u << std::clamp(limits[r] - tile * kTileKeys, 0, kTileKeys)) - 1);
+    };
+    __m512 running = _mm512_set1_ps(neg_inf);
+    for (int u = 0; u < visible_tiles; ++u)
+      running = _mm512_max_ps(running, _mm512_mask_blend_ps(valid(u), _mm512_set1_ps(neg_inf),
+                                                            _mm512_mul_ps(_mm512_loadu_ps(s + u * kTileKeys), scale16)));
+    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(running));
+    __m512 total = _mm512_setzero_ps();
+    for (int u = 0; u < block_tiles[r / R]; ++u) {
+      const __m512 score = _mm512_mul_ps(_mm512_loadu_ps(s + u * kTileKeys), scale16);
+      const __m512 e = _mm512_maskz_mov_ps(valid(u), exp16(_mm512_sub_ps(score, max)));
+      const __m512 rounded = llm_serve::round_to<at::BFloat16>(e);
+#if defined(PREFILL_BF16_PAIRS)  // the rounded values' top halves: their bfloat16 bits
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(weights + r * width + u * kTileKeys),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(rounded), 16)));
+#else
+      _mm512_storeu_ps(s + u * kTileKeys, rounded);
+#endif
+      total = _mm512_add_ps(total, rounded);
+    }
+    inverse_sum[r] = 1.f / _mm512_reduce_add_ps(total);
+  }
+}
+
 // An item's rows (a multiple of R; rows[r] points at row r's query, limits[r] is how many keys it
 // sees, at least 1, outs[r] where its result goes) against its packed tiles, in three passes over
 // the keys: every score, then one softmax per row (no running maximum, no rescaling), then the
@@ -216,7 +260,6 @@ void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* con
                  at::BFloat16* const* outs, float scale, RowBuffers& buffers) {
   constexpr int head_dim = 32 * C2;
   constexpr size_t tile_elements = kTileKeys * Packed<C2>::kPerKey;  // of one tile's K, or V
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   const int blocks = num_rows / R;
   int tiles = 0;
   std::vector<int>& block_tiles = buffers.block_tiles;
@@ -270,35 +313,13 @@ void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* con
     }
   }
 
-  // 2. weights exp(score - max) rounded to bfloat16 (as torch's flash attention rounds them before
-  // the product with V), 0 past the row's keys up to its block's last tile; the sum over the
-  // rounded ones
+  // 2. weights, 0 past each row's keys up to its block's last tile (float32 FMAs: in the scores' place)
   float* inverse_sum = buffers.queries.data();  // the float32 queries are done with: one per row
-  for (int r = 0; r < num_rows; ++r) {
-    float* s = scores + r * width;
-    const int visible_tiles = (limits[r] + kTileKeys - 1) / kTileKeys;
-    const auto valid = [&](int tile) {
-      return static_cast<__mmask16>((1u << std::clamp(limits[r] - tile * kTileKeys, 0, kTileKeys)) - 1);
-    };
-    __m512 running = _mm512_set1_ps(neg_inf);
-    for (int u = 0; u < visible_tiles; ++u)
-      running = _mm512_max_ps(running, _mm512_mask_blend_ps(valid(u), _mm512_set1_ps(neg_inf),
-                                                            _mm512_loadu_ps(s + u * kTileKeys)));
-    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(running));
-    __m512 total = _mm512_setzero_ps();
-    for (int u = 0; u < block_tiles[r / R]; ++u) {
-      const __m512 e = _mm512_maskz_mov_ps(valid(u), exp16(_mm512_sub_ps(_mm512_loadu_ps(s + u * kTileKeys), max)));
-      const __m512 rounded = llm_serve::round_to<at::BFloat16>(e);
-#if defined(PREFILL_BF16_PAIRS)  // the rounded values' top halves: their bfloat16 bits
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(weights + r * width + u * kTileKeys),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(rounded), 16)));
+#if defined(PREFILL_BF16_PAIRS)
+  row_weights(scores, width, num_rows, limits, block_tiles, R, 1.f, weights, inverse_sum);
 #else
-      _mm512_storeu_ps(s + u * kTileKeys, rounded);
+  row_weights(scores, width, num_rows, limits, block_tiles, R, 1.f, nullptr, inverse_sum);
 #endif
-      total = _mm512_add_ps(total, rounded);
-    }
-    inverse_sum[r] = 1.f / _mm512_reduce_add_ps(total);
-  }
 
   // 3. the weighted sum of V, a tile of keys at a time through every row block that sees it, the
   // block's sums in registers over the tile
@@ -345,12 +366,140 @@ void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* con
                          _mm512_mul_ps(_mm512_loadu_ps(sums + r * head_dim + 16 * c), _mm512_set1_ps(inverse_sum[r])));
 }
 
+#if defined(PREFILL_AMX)
+constexpr int kAmxRows = 16;  // rows per block of attend_rows_amx: one tile's
+
+// attend_rows on the matrix unit (TDPBF16PS: bfloat16 products, float32 sums), over blocks of 16
+// rows, the packed tiles as they are:
+//  1. scores: A = 16 rows' queries (32 dimensions per tile), B = a key tile's K (16 dimension
+//     pairs x 16 keys, the packed layout), C = [16 rows][16 keys], stored unscaled into the scores;
+//  2. row_weights (the scale applied there);
+//  3. the weighted sum of V: A = 16 rows' weights of 32 keys (two key tiles), B = their V (16 key
+//     pairs x 16 dimensions, the packed layout read with the row's stride), C = [16 rows][16
+//     dimensions], 64 dimensions per pass in tiles 4..7 over all the block's keys.
+// A block's tiles are rounded up to an even number (pairs of key tiles for pass 3): the extra
+// tile's keys are packed as zeros and their weights are 0. Tiles: 0..C2-1 queries, 4 and 5 K, 6
+// and 7 scores (pass 1), then 0 weights, 1 and 2 V, 4..7 sums (pass 3).
+template <int C2>
+void attend_rows_amx(const Packed<C2>& packed, int num_rows, const at::BFloat16* const* rows, const int* limits,
+                     at::BFloat16* const* outs, float scale, RowBuffers& buffers) {
+  constexpr int head_dim = 32 * C2, pairs = head_dim / 2;
+  constexpr size_t tile_elements = kTileKeys * Packed<C2>::kPerKey;
+  const int blocks = num_rows / kAmxRows;
+  std::vector<int>& block_tiles = buffers.block_tiles;
+  block_tiles.assign(blocks, 0);
+  for (int r = 0; r < num_rows; ++r)
+    block_tiles[r / kAmxRows] = std::max(block_tiles[r / kAmxRows], (limits[r] + kTileKeys - 1) / kTileKeys);
+  int tiles = 0;
+  for (int b = 0; b < blocks; ++b) {
+    block_tiles[b] += block_tiles[b] % 2;
+    tiles = std::max(tiles, block_tiles[b]);
+  }
+  const int64_t width = static_cast<int64_t>(tiles) * kTileKeys;
+  if (static_cast<int64_t>(buffers.scores.size()) < num_rows * width) buffers.scores.resize(num_rows * width);
+  if (static_cast<int64_t>(buffers.weights.size()) < num_rows * width) buffers.weights.resize(num_rows * width);
+  if (static_cast<int64_t>(buffers.queries.size()) < num_rows * head_dim) {
+    buffers.queries.resize(num_rows * head_dim);
+    buffers.sums.resize(num_rows * head_dim);
+  }
+  if (static_cast<int64_t>(buffers.query_pairs.size()) < num_rows * pairs) buffers.query_pairs.resize(num_rows * pairs);
+  float* scores = buffers.scores.data();
+  uint16_t* weights = buffers.weights.data();
+  uint32_t* queries = buffers.query_pairs.data();
+  for (int r = 0; r < num_rows; ++r) std::memcpy(queries + r * pairs, rows[r], head_dim * sizeof(at::BFloat16));
+
+  // 1. scores
+  for (int b = 0; b < blocks; ++b) {
+    const uint32_t* q = queries + b * kAmxRows * pairs;
+    _tile_loadd(0, q, pairs * 4);
+    _tile_loadd(1, q + 16, pairs * 4);
+    if constexpr (C2 == 4) {
+      _tile_loadd(2, q + 32, pairs * 4);
+      _tile_loadd(3, q + 48, pairs * 4);
+    }
+    // two key tiles at a time (block_tiles[b] is even), so one's products run while the other's
+    // scores are stored
+    for (int t = 0; t < block_tiles[b]; t += 2) {
+      const uint32_t* kt = packed.keys.data() + t * tile_elements;  // [pairs][16 keys]
+      const uint32_t* next = kt + tile_elements;
+      _tile_zero(6);
+      _tile_zero(7);
+      _tile_loadd(4, kt, 64);
+      _tile_dpbf16ps(6, 0, 4);
+      _tile_loadd(5, next, 64);
+      _tile_dpbf16ps(7, 0, 5);
+      _tile_loadd(4, kt + 16 * kTileKeys, 64);
+      _tile_dpbf16ps(6, 1, 4);
+      _tile_loadd(5, next + 16 * kTileKeys, 64);
+      _tile_dpbf16ps(7, 1, 5);
+      if constexpr (C2 == 4) {
+        _tile_loadd(4, kt + 32 * kTileKeys, 64);
+        _tile_dpbf16ps(6, 2, 4);
+        _tile_loadd(5, next + 32 * kTileKeys, 64);
+        _tile_dpbf16ps(7, 2, 5);
+        _tile_loadd(4, kt + 48 * kTileKeys, 64);
+        _tile_dpbf16ps(6, 3, 4);
+        _tile_loadd(5, next + 48 * kTileKeys, 64);
+        _tile_dpbf16ps(7, 3, 5);
+      }
+      float* dst = scores + b * kAmxRows * width + t * kTileKeys;
+      _tile_stored(6, dst, width * 4);
+      _tile_stored(7, dst + kTileKeys, width * 4);
+    }
+  }
+
+  // 2. weights
+  float* inverse_sum = buffers.queries.data();
+  row_weights(scores, width, num_rows, limits, block_tiles, kAmxRows, scale, weights, inverse_sum);
+
+  // 3. the weighted sum of V
+  float* sums = buffers.sums.data();
+  for (int b = 0; b < blocks; ++b) {
+    for (int half = 0; half < C2 / 2; ++half) {
+      _tile_zero(4);
+      _tile_zero(5);
+      _tile_zero(6);
+      _tile_zero(7);
+      for (int t = 0; t < block_tiles[b]; t += 2) {
+        // key pairs 8t .. 8t + 15, each a row of head_dim words; dimensions 64 * half + 16 * c
+        const uint32_t* v = packed.values.data() + t * tile_elements + 64 * half;
+        _tile_loadd(0, weights + b * kAmxRows * width + t * kTileKeys, width * 2);
+        _tile_loadd(1, v, head_dim * 4);
+        _tile_dpbf16ps(4, 0, 1);
+        _tile_loadd(2, v + 16, head_dim * 4);
+        _tile_dpbf16ps(5, 0, 2);
+        _tile_loadd(1, v + 32, head_dim * 4);
+        _tile_dpbf16ps(6, 0, 1);
+        _tile_loadd(2, v + 48, head_dim * 4);
+        _tile_dpbf16ps(7, 0, 2);
+      }
+      float* block_sums = sums + b * kAmxRows * head_dim + 64 * half;
+      _tile_stored(4, block_sums, head_dim * 4);
+      _tile_stored(5, block_sums + 16, head_dim * 4);
+      _tile_stored(6, block_sums + 32, head_dim * 4);
+      _tile_stored(7, block_sums + 48, head_dim * 4);
+    }
+  }
+  for (int r = 0; r < num_rows; ++r)
+    for (int c = 0; c < 2 * C2; ++c)
+      llm_serve::store16(outs[r] + 16 * c,
+                         _mm512_mul_ps(_mm512_loadu_ps(sums + r * head_dim + 16 * c), _mm512_set1_ps(inverse_sum[r])));
+}
+#endif
+
 template <int C2>
 void prefill_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& block_tables, const at::Tensor& query_starts,
                             const at::Tensor& context_lens, double scale, at::Tensor& out) {
   constexpr int64_t head_dim = 32 * C2;
-  constexpr int R = C2 == 2 ? 4 : 2;  // rows at a time: their sums fill half the vector registers
+  // rows at a time: their sums fill half the vector registers, or one tile's (the matrix unit)
+  constexpr int kVectorRows = C2 == 2 ? 4 : 2;
+#if defined(PREFILL_AMX)
+  const bool amx = llm_serve::request_amx();
+#else
+  constexpr bool amx = false;
+#endif
+  const int R = amx ? 16 : kVectorRows;
   const int64_t num_chunks = context_lens.size(0), num_heads = q.size(1);
   const int64_t num_kv_heads = k_cache.size(0), block_size = k_cache.size(2);
   const int64_t group = num_heads / num_kv_heads, max_blocks = block_tables.size(1);
@@ -367,6 +516,9 @@ void prefill_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
   const float scale_f = static_cast<float>(scale);
   llm_serve::parallel_for(0, first_item[num_chunks], 1, [&](int64_t lo, int64_t hi) {
+#if defined(PREFILL_AMX)
+    if (amx) llm_serve::configure_tiles();
+#endif
     thread_local Packed<C2> packed;
     thread_local RowBuffers buffers;
     const size_t max_rows = (kQueryTile * group + R - 1) / R * R;
@@ -381,7 +533,8 @@ void prefill_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
       const int64_t first_position = lens[chunk] - query_len;  // of the chunk's first query
       const int64_t p0 = tile * kQueryTile, p1 = std::min<int64_t>(query_len, p0 + kQueryTile);
       const int num_keys = static_cast<int>(first_position + p1);  // what the tile's last row sees
-      const int tiles = (num_keys + kTileKeys - 1) / kTileKeys;
+      int tiles = (num_keys + kTileKeys - 1) / kTileKeys;
+      tiles += amx ? tiles % 2 : 0;  // pairs of key tiles (attend_rows_amx)
       packed.reserve(tiles);
       pack<C2>(packed, kp + h * k_cache.stride(0), vp + h * v_cache.stride(0), tables + chunk * max_blocks,
                block_size, num_keys, tiles);
@@ -397,9 +550,19 @@ void prefill_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
         buffers.outs[r] = op + offset;
         buffers.limits[r] = static_cast<int>(first_position + position + 1);
       }
-      attend_rows<C2, R>(packed, padded, buffers.rows.data(), buffers.limits.data(), buffers.outs.data(), scale_f,
-                         buffers);
+#if defined(PREFILL_AMX)
+      if (amx) {
+        attend_rows_amx<C2>(packed, padded, buffers.rows.data(), buffers.limits.data(), buffers.outs.data(), scale_f,
+                            buffers);
+        continue;
+      }
+#endif
+      attend_rows<C2, kVectorRows>(packed, padded, buffers.rows.data(), buffers.limits.data(), buffers.outs.data(),
+                                   scale_f, buffers);
     }
+#if defined(PREFILL_AMX)
+    if (amx) _tile_release();
+#endif
   });
 }
 
