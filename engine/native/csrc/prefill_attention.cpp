@@ -249,6 +249,16 @@ inline void row_weights(float* scores, int64_t width, int num_rows, const int* l
   }
 }
 
+// Each row's result: its weighted sum of V (sums [rows][head_dim]) times 1 / its weights' sum
+template <int C2>
+inline void write_rows(const float* sums, const float* inverse_sum, int num_rows, at::BFloat16* const* outs) {
+  constexpr int head_dim = 32 * C2;
+  for (int r = 0; r < num_rows; ++r)
+    for (int c = 0; c < 2 * C2; ++c)
+      llm_serve::store16(outs[r] + 16 * c,
+                         _mm512_mul_ps(_mm512_loadu_ps(sums + r * head_dim + 16 * c), _mm512_set1_ps(inverse_sum[r])));
+}
+
 // An item's rows (a multiple of R; rows[r] points at row r's query, limits[r] is how many keys it
 // sees, at least 1, outs[r] where its result goes) against its packed tiles, in three passes over
 // the keys: every score, then one softmax per row (no running maximum, no rescaling), then the
@@ -313,7 +323,7 @@ void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* con
     }
   }
 
-  // 2. weights, 0 past each row's keys up to its block's last tile (float32 FMAs: in the scores' place)
+  // 2. weights (the scores were scaled as they were made)
   float* inverse_sum = buffers.queries.data();  // the float32 queries are done with: one per row
 #if defined(PREFILL_BF16_PAIRS)
   row_weights(scores, width, num_rows, limits, block_tiles, R, 1.f, weights, inverse_sum);
@@ -360,10 +370,7 @@ void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* con
         for (int c = 0; c < 2 * C2; ++c) _mm512_storeu_ps(block_sums + r * head_dim + 16 * c, acc[r][c]);
     }
   }
-  for (int r = 0; r < num_rows; ++r)
-    for (int c = 0; c < 2 * C2; ++c)
-      llm_serve::store16(outs[r] + 16 * c,
-                         _mm512_mul_ps(_mm512_loadu_ps(sums + r * head_dim + 16 * c), _mm512_set1_ps(inverse_sum[r])));
+  write_rows<C2>(sums, inverse_sum, num_rows, outs);
 }
 
 #if defined(PREFILL_AMX)
@@ -480,10 +487,7 @@ void attend_rows_amx(const Packed<C2>& packed, int num_rows, const at::BFloat16*
       _tile_stored(7, block_sums + 48, head_dim * 4);
     }
   }
-  for (int r = 0; r < num_rows; ++r)
-    for (int c = 0; c < 2 * C2; ++c)
-      llm_serve::store16(outs[r] + 16 * c,
-                         _mm512_mul_ps(_mm512_loadu_ps(sums + r * head_dim + 16 * c), _mm512_set1_ps(inverse_sum[r])));
+  write_rows<C2>(sums, inverse_sum, num_rows, outs);
 }
 #endif
 
