@@ -31,8 +31,9 @@
 // (measured), so VDPBF16PS does twice the FMAs' work; the build defines
 // LLM_SERVE_BF16_DOT_ATTENTION there (engine/native/__init__.py). On the Xeons with AMX, VDPBF16PS
 // issues once per two cycles, at the FMA's rate of products, and the matrix unit does both
-// products instead (attend_rows_amx, below: the bfloat16 pairs' layouts are its tiles' own), with
-// the float32 FMAs kept for a process the kernel refuses AMX tiles to.
+// products instead (attend_rows_amx, below: the bfloat16 pairs' layouts are its tiles' own); a
+// process the kernel refuses AMX tiles to takes the VDPBF16PS form over the same layouts. Float32
+// FMAs elsewhere (an Intel CPU without AMX).
 #include <ATen/ATen.h>
 
 #include "amx_tiles.h"
@@ -209,6 +210,30 @@ struct RowBuffers {
   std::vector<float> sums;     // [rows][head_dim]: the weighted sums of V
   std::vector<uint32_t> query_pairs;  // [rows][head_dim / 2]: the queries as bfloat16 pairs (VDPBF16PS)
   std::vector<uint16_t> weights;      // [rows][width]: the weights' bfloat16 bits (VDPBF16PS)
+
+  // block_tiles[b]: the key tiles that rows b * R .. b * R + R - 1 see, rounded up to a multiple of
+  // `multiple`; every buffer sized for num_rows rows of head_dim and of the most tiles. Returns
+  // the scores' width (keys per row).
+  int64_t prepare(int num_rows, const int* limits, int R, int multiple, int head_dim) {
+    block_tiles.assign(num_rows / R, 0);
+    for (int r = 0; r < num_rows; ++r)
+      block_tiles[r / R] = std::max(block_tiles[r / R], (limits[r] + kTileKeys - 1) / kTileKeys);
+    int tiles = 0;
+    for (int& t : block_tiles) {
+      t = (t + multiple - 1) / multiple * multiple;
+      tiles = std::max(tiles, t);
+    }
+    const int64_t width = static_cast<int64_t>(tiles) * kTileKeys;
+    const auto grow = [](auto& buffer, int64_t n) {
+      if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+    };
+    grow(scores, num_rows * width);
+    grow(weights, num_rows * width);
+    grow(queries, num_rows * head_dim);
+    grow(sums, num_rows * head_dim);
+    grow(query_pairs, num_rows * head_dim / 2);
+    return width;
+  }
 };
 
 // Pass 2 of attend_rows: per row, weights exp(scale * score - max) rounded to bfloat16 (as torch's
@@ -271,23 +296,12 @@ void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* con
   constexpr int head_dim = 32 * C2;
   constexpr size_t tile_elements = kTileKeys * Packed<C2>::kPerKey;  // of one tile's K, or V
   const int blocks = num_rows / R;
-  int tiles = 0;
-  std::vector<int>& block_tiles = buffers.block_tiles;
-  block_tiles.assign(blocks, 0);
-  for (int r = 0; r < num_rows; ++r)
-    block_tiles[r / R] = std::max(block_tiles[r / R], (limits[r] + kTileKeys - 1) / kTileKeys);
-  for (int b = 0; b < blocks; ++b) tiles = std::max(tiles, block_tiles[b]);
-  const int64_t width = static_cast<int64_t>(tiles) * kTileKeys;
-  if (static_cast<int64_t>(buffers.scores.size()) < num_rows * width) buffers.scores.resize(num_rows * width);
-  if (static_cast<int64_t>(buffers.queries.size()) < num_rows * head_dim) {
-    buffers.queries.resize(num_rows * head_dim);
-    buffers.sums.resize(num_rows * head_dim);
-  }
+  const int64_t width = buffers.prepare(num_rows, limits, R, 1, head_dim);
+  const std::vector<int>& block_tiles = buffers.block_tiles;
+  const int tiles = static_cast<int>(width / kTileKeys);
   float* scores = buffers.scores.data();
 #if defined(PREFILL_BF16_PAIRS)
   constexpr int pairs = head_dim / 2;
-  if (static_cast<int64_t>(buffers.weights.size()) < num_rows * width) buffers.weights.resize(num_rows * width);
-  if (static_cast<int64_t>(buffers.query_pairs.size()) < num_rows * pairs) buffers.query_pairs.resize(num_rows * pairs);
   uint32_t* queries = buffers.query_pairs.data();
   uint16_t* weights = buffers.weights.data();
   for (int r = 0; r < num_rows; ++r) std::memcpy(queries + r * pairs, rows[r], head_dim * sizeof(at::BFloat16));
@@ -325,11 +339,7 @@ void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* con
 
   // 2. weights (the scores were scaled as they were made)
   float* inverse_sum = buffers.queries.data();  // the float32 queries are done with: one per row
-#if defined(PREFILL_BF16_PAIRS)
-  row_weights(scores, width, num_rows, limits, block_tiles, R, 1.f, weights, inverse_sum);
-#else
-  row_weights(scores, width, num_rows, limits, block_tiles, R, 1.f, nullptr, inverse_sum);
-#endif
+  row_weights(scores, width, num_rows, limits, block_tiles, R, 1.f, buffers.weights.data(), inverse_sum);
 
   // 3. the weighted sum of V, a tile of keys at a time through every row block that sees it, the
   // block's sums in registers over the tile
@@ -393,23 +403,8 @@ void attend_rows_amx(const Packed<C2>& packed, int num_rows, const at::BFloat16*
   constexpr int head_dim = 32 * C2, pairs = head_dim / 2;
   constexpr size_t tile_elements = kTileKeys * Packed<C2>::kPerKey;
   const int blocks = num_rows / kAmxRows;
-  std::vector<int>& block_tiles = buffers.block_tiles;
-  block_tiles.assign(blocks, 0);
-  for (int r = 0; r < num_rows; ++r)
-    block_tiles[r / kAmxRows] = std::max(block_tiles[r / kAmxRows], (limits[r] + kTileKeys - 1) / kTileKeys);
-  int tiles = 0;
-  for (int b = 0; b < blocks; ++b) {
-    block_tiles[b] += block_tiles[b] % 2;
-    tiles = std::max(tiles, block_tiles[b]);
-  }
-  const int64_t width = static_cast<int64_t>(tiles) * kTileKeys;
-  if (static_cast<int64_t>(buffers.scores.size()) < num_rows * width) buffers.scores.resize(num_rows * width);
-  if (static_cast<int64_t>(buffers.weights.size()) < num_rows * width) buffers.weights.resize(num_rows * width);
-  if (static_cast<int64_t>(buffers.queries.size()) < num_rows * head_dim) {
-    buffers.queries.resize(num_rows * head_dim);
-    buffers.sums.resize(num_rows * head_dim);
-  }
-  if (static_cast<int64_t>(buffers.query_pairs.size()) < num_rows * pairs) buffers.query_pairs.resize(num_rows * pairs);
+  const int64_t width = buffers.prepare(num_rows, limits, kAmxRows, 2, head_dim);  // pairs of key tiles
+  const std::vector<int>& block_tiles = buffers.block_tiles;
   float* scores = buffers.scores.data();
   uint16_t* weights = buffers.weights.data();
   uint32_t* queries = buffers.query_pairs.data();
