@@ -14,11 +14,11 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 import numpy as np
 from tqdm import tqdm
 
-from loadtest.client import Endpoint, send_request
+from loadtest.client import Endpoint, new_session, send_request
 from loadtest.config import LoadTestConfig
 from loadtest.prompts import PromptSource
 from loadtest.request import RequestResult, RequestSpec
@@ -87,14 +87,8 @@ class Runner:
 
     async def run(self) -> None:
         levels = self.config.levels
-        caps = [level for level in levels if level is not None]
-        # The pool must not queue requests behind the concurrency cap: that wait would count as TTFT.
-        # Idle connections of every target stay open between rounds, so the next round starts warm.
-        keepalive = max(caps, default=256) * len(self.endpoints)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=keepalive)
-        timeout = httpx.Timeout(self.config.timeout)
         total = min(planned_requests(self.config, len(self.endpoints)), self.config.max_requests)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as http:
+        async with new_session(self.config.timeout) as http:
             with tqdm(total=total, unit="req", dynamic_ncols=True) as self._bar:
                 await self._warmup(http, levels[0])
                 for level in levels:
@@ -102,7 +96,7 @@ class Runner:
                     if self.state.stopped_reason:
                         return
 
-    async def _warmup(self, http: httpx.AsyncClient, first_level: int | None) -> None:
+    async def _warmup(self, http: aiohttp.ClientSession, first_level: int | None) -> None:
         if self.config.warmup == 0:
             return
         specs = self.prompts.take(self.config.warmup)
@@ -118,7 +112,7 @@ class Runner:
             if self.state.stopped_reason:
                 return
 
-    async def _level(self, http: httpx.AsyncClient, level: int | None) -> None:
+    async def _level(self, http: aiohttp.ClientSession, level: int | None) -> None:
         specs = self.prompts.take(self.config.num_prompts)
         runs = [LevelRun(target, endpoint, level) for target, endpoint in self.endpoints]
         self.state.runs.extend(runs)
@@ -135,7 +129,7 @@ class Runner:
                     return
 
     async def _round(
-        self, http: httpx.AsyncClient, specs: list[RequestSpec], offsets: list[float], run: LevelRun
+        self, http: aiohttp.ClientSession, specs: list[RequestSpec], offsets: list[float], run: LevelRun
     ) -> None:
         """Send specs at their offsets with at most run.max_concurrency in flight; wait for all."""
         cap = asyncio.Semaphore(run.max_concurrency) if run.max_concurrency is not None else None

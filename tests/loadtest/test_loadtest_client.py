@@ -9,10 +9,9 @@ import asyncio
 import socket
 import warnings
 
-import httpx
 import pytest
 
-from loadtest.client import Endpoint, UsageMissingWarning, send_request
+from loadtest.client import Endpoint, UsageMissingWarning, new_session, send_request
 from loadtest.fake_server import FakeServerConfig, start_in_thread
 from loadtest.request import RequestSpec
 from loadtest.sse import SSEParser
@@ -64,7 +63,7 @@ def run(base_url, max_tokens=6, kind="chat", prompt="one two three", repeat=1, *
     spec = RequestSpec(prompt=prompt, messages=None, max_tokens=max_tokens, input_len=3)
 
     async def go():
-        async with httpx.AsyncClient(trust_env=False) as http:
+        async with new_session(endpoint.timeout_s) as http:
             for _ in range(repeat):
                 result = await send_request(http, endpoint, spec)
             return result
