@@ -17,6 +17,10 @@ subfolder per sampling mode. Peers:
   ours-int8      our server again with --batch-linear int8 (int8 activations at every row count)
   ours-kv-int8   our server again with --kv-cache-dtype int8 (the KV cache as int8 rows)
 
+--baseline DIR adds "baseline": the server of an older commit, from a checkout of it
+(`git archive <commit> | tar -x -C DIR`), run with this environment's Python; how a change to
+the server is measured against the commit before it (the CPU targets' "x the commit before").
+
 Sampling modes: greedy (temperature 0) and sampled (temperature 0.8, top_p 0.95), each with
 prompts of its own (no prompt of one mode warms a prefix cache for the other).
 """
@@ -48,6 +52,16 @@ def _ours(name: str, port: int, args, out: Path, *extra: str) -> ManagedServer:
     return ManagedServer(name, [sys.executable, "-m", "server", "--port", str(port), "--dtype", args.dtype,
                                 "--device", "cpu", "--max-model-len", "4096", "--max-num-seqs", "64",
                                 "--served-model-name", "smollm2", *extra], port, out)
+
+
+def _baseline(tree: Path, args, out: Path) -> ManagedServer:
+    """An older commit's server from its checkout: its own packages first on the path (this
+    environment's editable install would otherwise give its processes today's code), and only the
+    flags every commit takes."""
+    tree = tree.resolve()
+    port = free_port()
+    return ManagedServer("baseline", [sys.executable, "-m", "server", "--port", str(port), "--dtype", args.dtype,
+                                      "--max-num-seqs", "64"], port, out, env={"PYTHONPATH": str(tree)}, cwd=tree)
 
 
 def _peer(name: str, args, model_dir: Path, out: Path) -> ManagedServer | None:
@@ -89,12 +103,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtest.bench_se
                                                         "they are faster, as by default)")
     ap.add_argument("--sampling", default="greedy,sampled", help=f"modes to sweep, of {sorted(SAMPLING)}")
     ap.add_argument("--llama-server", default=None, help="path of the llama-server binary")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="a checkout of an older commit, served as the peer 'baseline'")
     ap.add_argument("--output-dir", default=None)
     args = ap.parse_args(argv)
     modes = args.sampling.split(",")
     unknown = [m for m in modes if m not in SAMPLING]
     if unknown:
         ap.error(f"unknown sampling mode {unknown[0]!r}: use {', '.join(SAMPLING)}")
+    if args.baseline is not None and not (args.baseline / "server" / "__main__.py").is_file():
+        raise SystemExit(f"--baseline {args.baseline}: no server/__main__.py there "
+                         "(make one with: git archive <commit> | tar -x -C DIR)")
 
     from common.default_model import ensure_default_model
 
@@ -107,6 +126,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtest.bench_se
         # shape, which a peer loading its model beside it would disturb.
         servers[0].wait_ready(START_TIMEOUT_S)
         servers += [s for s in (_peer(p, args, model_dir, out) for p in args.peers.split(",") if p) if s is not None]
+        if args.baseline is not None:
+            servers.append(_baseline(args.baseline, args, out))
         for server in servers[1:]:
             server.wait_ready(START_TIMEOUT_S)
         code = 0
