@@ -1,7 +1,8 @@
 """`make bench`: our server vs its peers on the same model, one interleaved run.
 
     python -m loadtest.bench_servers [--peers transformers,llama-server] [--concurrency 1,8,32]
-        [--num-prompts 32] [--sampling greedy,sampled] [--llama-server PATH] [--output-dir DIR]
+        [--num-prompts 32] [--sampling greedy,sampled] [--llama-server PATH] [--baseline DIR]
+        [--output-dir DIR]
 
 Starts every server on a free loopback port (CPU), runs one interleaved comparison sweep per
 sampling mode with `python -m loadtest` (A, B, C, A, B, C rounds within each concurrency level),
