@@ -182,8 +182,9 @@ class RooflineStats(msgspec.Struct, array_like=True):
 
 
 class EngineStats(msgspec.Struct):
-    """Scheduler and cache gauges, sent once per step that changed something (inside
-    EngineOutputs / TextOutputs, so untagged)."""
+    """Scheduler and cache gauges with what accumulated since the last EngineStats: sent when
+    something changed, at most every `engine_process.STATS_INTERVAL_S` while the engine is busy
+    and at once when it runs out of work (inside EngineOutputs / TextOutputs, so untagged)."""
 
     num_running: int
     num_waiting: int

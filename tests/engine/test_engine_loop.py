@@ -1,25 +1,33 @@
 """The engine process loop on a tiny random-weight model, between real ZMQ sockets: bad requests
-become error deltas (the loop goes on), aborts free everything, gauges go out when they change."""
+become error deltas (the loop goes on), aborts free everything, gauges go out when they change,
+and a busy engine sends its stats at most every STATS_INTERVAL_S, nothing lost in between."""
 from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import msgspec
 import zmq
 
 from common.engine_config import EngineConfig
+from engine import engine_process
 from engine.engine_process import EngineLoop
 from common.ipc import Channel, IpcPaths, open_socket
 from engine.llm_engine import LLMEngine
 from common.messages import AbortRequest, EngineOutputs, EngineRequest, FromEngine, SamplingParams
 
 
-def test_engine_loop(tiny_llama_dir):
+@contextmanager
+def engine_loop(model_dir: str) -> Iterator[tuple[LLMEngine, Channel, Callable[[int], list[EngineOutputs]]]]:
+    """(engine, the channel into its loop, run(steps) -> the outputs those steps sent)."""
     paths = IpcPaths.create()
     ctx = zmq.Context()
     try:
         inbox = open_socket(ctx, zmq.PULL, paths.to_engine, bind=True)
         outputs = open_socket(ctx, zmq.PULL, paths.from_engine, bind=True)
         to_engine = Channel(open_socket(ctx, zmq.PUSH, paths.to_engine, bind=False))
-        engine = LLMEngine(EngineConfig(model=tiny_llama_dir, dtype="float32", device="cpu", max_model_len=64,
+        engine = LLMEngine(EngineConfig(model=model_dir, dtype="float32", device="cpu", max_model_len=64,
                                         kv_cache_memory=1 << 20))
         loop = EngineLoop(engine, inbox, Channel(open_socket(ctx, zmq.PUSH, paths.from_engine, bind=False)))
         decoder = msgspec.msgpack.Decoder(FromEngine)
@@ -33,6 +41,14 @@ def test_engine_loop(tiny_llama_dir):
                 got.append(decoder.decode(outputs.recv()))
             return got
 
+        yield engine, to_engine, run
+    finally:
+        ctx.destroy(linger=0)
+        paths.remove()
+
+
+def test_engine_loop(tiny_llama_dir):
+    with engine_loop(tiny_llama_dir) as (engine, to_engine, run):
         greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
         to_engine.send(EngineRequest("ok", [5, 6, 7], greedy))
         to_engine.send(EngineRequest("bad", [5, 6, 7], SamplingParams(n=2)))  # the engine runs n=1 only
@@ -54,6 +70,29 @@ def test_engine_loop(tiny_llama_dir):
         stats = after_abort[-1].stats  # the abort changed the gauges, so they are sent
         assert (stats.num_running, stats.num_waiting, stats.kv_cache_usage) == (0, 0, 0.0)
         assert not engine.has_unfinished()
-    finally:
-        ctx.destroy(linger=0)
-        paths.remove()
+
+
+def test_busy_engine_sends_stats_at_most_every_interval(tiny_llama_dir, monkeypatch):
+    interval = 0.5
+    monkeypatch.setattr(engine_process, "STATS_INTERVAL_S", interval)
+    with engine_loop(tiny_llama_dir) as (engine, to_engine, run):
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        to_engine.send(EngineRequest("a", [5, 6, 7], params))
+        started = time.monotonic()
+        first = run(1)
+        assert first[-1].stats is not None and first[-1].stats.num_running == 1  # the first step's: due at once
+
+        to_engine.send(EngineRequest("b", [7, 6, 5], params))
+        quick = run(3)
+        assert time.monotonic() - started < interval, "the tiny model's steps are milliseconds"
+        assert all(out.stats is None for out in quick) and all(out.deltas for out in quick)
+
+        time.sleep(interval)
+        due = run(1)[-1].stats
+        assert due is not None and due.num_running == 2
+        assert len(due.queue_times) == 1  # b's, kept from the step that admitted it
+
+        to_engine.send(AbortRequest(["a", "b"]))
+        idle = run(1)[-1].stats  # out of work: sent at once, inside the interval
+        assert idle is not None and (idle.num_running, idle.kv_cache_usage) == (0, 0.0)
+        assert not engine.has_unfinished()
