@@ -63,7 +63,7 @@ class EngineLoop:
         self.parent = ParentWatch()
         self.error_deltas: list[TokenDelta] = []
         self.last_gauges: EngineStats | None = None
-        self.last_stats_at = float("-inf")  # time.monotonic() of the last EngineStats sent
+        self.last_stats_at = float("-inf")  # time.monotonic() of the last look at the stats
         self.last_parent_check = time.monotonic()
 
     def run(self) -> None:
@@ -114,11 +114,12 @@ class EngineLoop:
             self.outbox.send(EngineOutputs(deltas=deltas, stats=stats))
 
     def _stats_due(self) -> EngineStats | None:
-        """What changed since the last EngineStats, once STATS_INTERVAL_S has passed or the engine
-        has nothing left to run; else None (the counts keep accumulating in the engine)."""
+        """What changed since the last look, once STATS_INTERVAL_S has passed since it or the
+        engine has nothing left to run; else None (the counts keep accumulating in the engine)."""
         now = time.monotonic()
         if now - self.last_stats_at < STATS_INTERVAL_S and self.engine.has_unfinished():
             return None
+        self.last_stats_at = now
         gauges = self.engine.stats()
         queue_times = self.engine.scheduler.take_queue_times()
         speculator = self.engine.scheduler.speculator
@@ -126,5 +127,5 @@ class EngineLoop:
         roofline = self.engine.take_roofline_stats()
         if gauges == self.last_gauges and not queue_times and spec is None and roofline is None:
             return None
-        self.last_gauges, self.last_stats_at = gauges, now
+        self.last_gauges = gauges
         return msgspec.structs.replace(gauges, queue_times=queue_times, spec_decode=spec, roofline=roofline)

@@ -15,7 +15,6 @@ the roofline; what the operators leave of 1 is time above it (host work, kernels
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
@@ -92,7 +91,6 @@ class ServerMetrics:
             "llm:step_operator_lower_bound_seconds",
             "Per operator, its time lower bound max(FLOPs / peak, bytes / bandwidth), summed over the steps.",
             ["model_name", "operator"], registry=r)
-        self._operator_lower_bound_of: dict[str, Any] = {}  # operator -> its labelled child, looked up once
 
     def on_engine_stats(self, s: EngineStats) -> None:
         self.num_requests_running.set(s.num_running)
@@ -123,11 +121,7 @@ class ServerMetrics:
             self.step_compute_utilization.observe(value)
         self.step_seconds.inc(roofline.wall_s)
         for operator, seconds in roofline.operator_lower_bound_s.items():
-            child = self._operator_lower_bound_of.get(operator)
-            if child is None:
-                child = self._operator_lower_bound_of[operator] = self._operator_lower_bound.labels(
-                    model_name=self._model_name, operator=operator)
-            child.inc(seconds)
+            self._operator_lower_bound.labels(model_name=self._model_name, operator=operator).inc(seconds)
 
     def on_finished_choice(self, reason: FinishReason) -> None:
         self.request_success[reason].inc()
