@@ -59,6 +59,16 @@ class Int8LinearMethod(LinearMethod):
     def float32_logits(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
         return self.native.int8_linear(x, self.codes, self.scales, True)  # the kernel's sums are float32
 
+    def gate_up_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
+        return self.silu_mul(x)
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of this [gate | up] layer's outputs, bitwise silu_and_mul(apply(x));
+        None where a half is not whole weight vectors."""
+        if self.codes.shape[0] % 2:
+            return None
+        return self.native.int8_linear_silu_mul(x, self.codes, self.scales)
+
     def weight_bytes_read(self, layer: Linear, rows: int, dtype: torch.dtype) -> int:
         return self.codes.numel() + self.scales.numel() * self.scales.element_size()
 

@@ -46,6 +46,25 @@ def test_int8_linear_matches_the_reference(dtype, rows, inputs, outputs):
     torch.testing.assert_close(out, out32.to(dtype), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 32, 70])  # the tiles take 6 rows: whole tiles and every remainder
+@pytest.mark.parametrize("inputs,width", [(64, 16), (128, 48), (576, 1536)])
+def test_silu_mul_in_the_same_pass_is_bitwise_the_two_kernels(dtype, rows, inputs, width):
+    """int8_linear_silu_mul = silu_and_mul(int8_linear(x)) for weights of [gate | up] (2 * width outputs)."""
+    g = torch.Generator().manual_seed(rows * 100 + width)
+    x = (3 * torch.randn(rows, inputs, generator=g)).to(dtype)
+    codes, scales = pack_int8(torch.randn(2 * width, inputs, generator=g))
+    fused = native.int8_linear_silu_mul(x, codes, scales)
+    assert fused.dtype == dtype and fused.shape == (rows, width)
+    assert torch.equal(fused, native.silu_and_mul(native.int8_linear(x, codes, scales, False)))
+
+
+def test_silu_mul_refuses_an_odd_number_of_weight_vectors():
+    codes, scales = pack_int8(torch.randn(48, 64))  # 3 vectors of 16: no [gate | up] halves of whole vectors
+    with pytest.raises(RuntimeError, match="even"):
+        native.int8_linear_silu_mul(torch.randn(2, 64), codes, scales)
+
+
 def test_a_row_does_not_depend_on_the_batch():
     g = torch.Generator().manual_seed(7)
     x = torch.randn(9, 576, generator=g).bfloat16()

@@ -58,10 +58,12 @@ at::Tensor apply(const CodesLinear& w, const at::Tensor& x) {
   return quant_linear(x, w.codes, w.scales, w.mins, w.format, false);
 }
 
-// silu_and_mul(apply(w, x)), in one pass where the rows take the AMX batch method
+// silu_and_mul(apply(w, x)), in one pass where the rows take a native batch method
 at::Tensor gate_up_silu_mul(const CodesLinear& w, const at::Tensor& x) {
   if (x.size(0) > w.codes_rows && w.batch_kind == "amx")
     return amx_linear_silu_mul(x, w.batch_codes, w.batch_scales, w.batch_mins, w.format);
+  if (x.size(0) > w.codes_rows && w.batch_kind == "int8" && w.batch_codes.size(0) % 2 == 0)
+    return int8_linear_silu_mul(x, w.batch_codes, w.batch_scales);
   return silu_and_mul(apply(w, x));
 }
 }  // namespace

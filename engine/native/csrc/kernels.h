@@ -27,6 +27,7 @@ at::Tensor nucleus_ok(const at::Tensor& probs, const at::Tensor& token, const c1
                       const c10::optional<at::Tensor>& min_p, const c10::optional<at::Tensor>& top_prob);
 bool int8_linear_available();
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& w_scale, bool float32_out);
+at::Tensor int8_linear_silu_mul(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& w_scale);
 at::Tensor q4_int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                           const at::Tensor& mins, bool float32_out);
 bool amx_linear_available();
