@@ -49,11 +49,13 @@ using llm_serve::Activations;
 // bytes of one weight vector (16 outputs x K inputs)
 inline int64_t vector_bytes(int64_t K) { return K * kVector; }
 
-// Lines of the next tile's weights that one row tile requests: [next, next + lines * 64)
-struct Ahead {
-  const uint8_t* next;
+// Lines of the next tile's weights: `lines` of 64 bytes from start[0] and, where it is not null,
+// as many from start[1] (the fused silu's tile reads two runs, its gate and its up vectors)
+struct NextWeights {
+  const uint8_t* start[2];
   int64_t lines;
 };
+using Ahead = NextWeights;  // the share of them that one row tile requests
 
 // Rows r0..r0+R of the V weight vectors at wv[0..V) (16 outputs each), requesting `ahead`'s lines
 // spread over the groups; finish(r0, acc) takes the sums, float32 acc[R][V][16] before the
@@ -70,8 +72,10 @@ inline void tile(const Activations& a, const uint8_t* const (&wv)[V], int64_t K,
   const int8_t* xr = a.q.data() + r0 * K;
   const int64_t per_group = (ahead.lines + G - 1) / G;
   for (int64_t g = 0; g < G; ++g) {
-    for (int64_t l = g * per_group; l < std::min(ahead.lines, (g + 1) * per_group); ++l)
-      llm_serve::prefetch_line(ahead.next + l * 64);
+    for (int64_t l = g * per_group; l < std::min(ahead.lines, (g + 1) * per_group); ++l) {
+      llm_serve::prefetch_line(ahead.start[0] + l * 64);
+      if (ahead.start[1] != nullptr) llm_serve::prefetch_line(ahead.start[1] + l * 64);
+    }
     __m512i dot[R][V];
     for (int r = 0; r < R; ++r) {
       const __m512i start = _mm512_set1_epi32(a.offset[(r0 + r) * G + g]);
@@ -112,21 +116,22 @@ inline void last_rows(int64_t left, const Activations& a, const uint8_t* const (
 }
 
 // Every row of the V weight vectors at wv, R rows per tile, requesting the next tile's weights
-// (`lines` of 64 bytes from `next`) a share at a time as the row tiles go. The first row tile
+// a share at a time as the row tiles go. The first row tile
 // reads this tile's weights from memory and the others from the caches; without the requests
 // each tile's first row tile waited on memory (30 layers' gate_up at 32 rows: 6.6 ms with the
 // weights cold in memory, 4.7 ms with one layer's in cache; a decode step at 32 sequences 0.91x
 // the time with the requests, a prefill of 512-row steps the same).
 template <int R, int V, typename Finish>
 inline void rows_of_tile(const Activations& a, const uint8_t* const (&wv)[V], int64_t M, int64_t K,
-                         const uint8_t* next, int64_t lines, const Finish& finish) {
+                         NextWeights next, const Finish& finish) {
   const int64_t row_tiles = (M + R - 1) / R;
   // over the first half of the row tiles, so the last requests have half a tile's time to land
   const int64_t spread = std::max<int64_t>(1, row_tiles / 2);
-  const int64_t per_tile = (lines + spread - 1) / spread;
+  const int64_t per_tile = (next.lines + spread - 1) / spread;
   auto ahead = [&](int64_t r) {
-    const int64_t first = std::min(lines, r / R * per_tile);
-    return Ahead{next + first * 64, std::min(per_tile, lines - first)};
+    const int64_t first = std::min(next.lines, r / R * per_tile);
+    const uint8_t* second = next.start[1] == nullptr ? nullptr : next.start[1] + first * 64;
+    return Ahead{{next.start[0] + first * 64, second}, std::min(per_tile, next.lines - first)};
   };
   int64_t r = 0;
   for (; r + R <= M; r += R) tile<R, V>(a, wv, K, r, ahead(r), finish);
@@ -136,10 +141,10 @@ inline void rows_of_tile(const Activations& a, const uint8_t* const (&wv)[V], in
 // The rows of outputs v0 * 16 .. (v0 + V) * 16: out = the sums times the weights' scales
 template <int V, typename Out>
 inline void linear_tile(const Activations& a, const uint8_t* w, const float* w_scale, int64_t M, int64_t K,
-                        int64_t v0, Out* out, int64_t N, const uint8_t* next, int64_t lines) {
+                        int64_t v0, Out* out, int64_t N, NextWeights next) {
   const uint8_t* wv[V];
   for (int v = 0; v < V; ++v) wv[v] = w + (v0 + v) * vector_bytes(K);
-  rows_of_tile<kTileRows, V>(a, wv, M, K, next, lines, [&](int64_t r0, const auto& acc) {
+  rows_of_tile<kTileRows, V>(a, wv, M, K, next, [&](int64_t r0, const auto& acc) {
     constexpr int R = std::extent_v<std::remove_reference_t<decltype(acc)>>;
     for (int v = 0; v < V; ++v) {
       const __m512 s = _mm512_loadu_ps(w_scale + (v0 + v) * kVector);
@@ -158,12 +163,12 @@ void run(const In* x, const uint8_t* w, const float* w_scale, int64_t M, int64_t
       const int64_t v0 = t * kTileVectors;
       // the tile after this one: the next a thread takes from its own share
       const int64_t next_v0 = std::min(vectors, v0 + kTileVectors);
-      const uint8_t* next = w + next_v0 * vector_bytes(K);
       const int64_t lines = (std::min(vectors, next_v0 + kTileVectors) - next_v0) * vector_bytes(K) / 64;
+      const NextWeights next{{w + next_v0 * vector_bytes(K), nullptr}, lines};
       switch (std::min<int64_t>(kTileVectors, vectors - v0)) {
-        case 3: linear_tile<3>(a, w, w_scale, M, K, v0, out, N, next, lines); break;
-        case 2: linear_tile<2>(a, w, w_scale, M, K, v0, out, N, next, lines); break;
-        default: linear_tile<1>(a, w, w_scale, M, K, v0, out, N, next, lines); break;
+        case 3: linear_tile<3>(a, w, w_scale, M, K, v0, out, N, next); break;
+        case 2: linear_tile<2>(a, w, w_scale, M, K, v0, out, N, next); break;
+        default: linear_tile<1>(a, w, w_scale, M, K, v0, out, N, next); break;
       }
     }
   });
@@ -177,14 +182,14 @@ constexpr int kSiluPairs = 1;  // gate/up vector pairs per tile: 6 x 2 dots (4 x
 
 template <int P, typename Out>
 inline void silu_tile(const Activations& a, const uint8_t* w, const float* w_scale, int64_t M, int64_t K,
-                      int64_t v0, int64_t half, Out* out, const uint8_t* next, int64_t lines) {
+                      int64_t v0, int64_t half, Out* out, NextWeights next) {
   const uint8_t* wv[2 * P];
   for (int p = 0; p < P; ++p) {
     wv[p] = w + (v0 + p) * vector_bytes(K);
     wv[P + p] = w + (half + v0 + p) * vector_bytes(K);
   }
   const int64_t width = half * kVector;
-  rows_of_tile<kSiluRows, 2 * P>(a, wv, M, K, next, lines, [&](int64_t r0, const auto& acc) {
+  rows_of_tile<kSiluRows, 2 * P>(a, wv, M, K, next, [&](int64_t r0, const auto& acc) {
     constexpr int R = std::extent_v<std::remove_reference_t<decltype(acc)>>;
     for (int p = 0; p < P; ++p) {
       const __m512 gate_scale = _mm512_loadu_ps(w_scale + (v0 + p) * kVector);
@@ -204,12 +209,12 @@ void run_silu(const In* x, const uint8_t* w, const float* w_scale, int64_t M, in
   llm_serve::with_own_activations<kGroup>(x, M, K, tiles, 1, [&](const Activations& a, int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t v0 = t * kSiluPairs, pairs = std::min<int64_t>(kSiluPairs, half - v0);
-      // the next tile's gate vectors (its up vectors are left to the hardware prefetcher)
+      // the next tile's gate and up vectors
       const int64_t next_v0 = std::min(half, v0 + kSiluPairs);
-      const uint8_t* next = w + next_v0 * vector_bytes(K);
       const int64_t lines = (std::min(half, next_v0 + kSiluPairs) - next_v0) * vector_bytes(K) / 64;
-      if (pairs == kSiluPairs) silu_tile<kSiluPairs>(a, w, w_scale, M, K, v0, half, out, next, lines);
-      else silu_tile<1>(a, w, w_scale, M, K, v0, half, out, next, lines);
+      const NextWeights next{{w + next_v0 * vector_bytes(K), w + (half + next_v0) * vector_bytes(K)}, lines};
+      if (pairs == kSiluPairs) silu_tile<kSiluPairs>(a, w, w_scale, M, K, v0, half, out, next);
+      else silu_tile<1>(a, w, w_scale, M, K, v0, half, out, next);
     }
   });
 }
