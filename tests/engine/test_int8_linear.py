@@ -47,8 +47,8 @@ def test_int8_linear_matches_the_reference(dtype, rows, inputs, outputs):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 5, 6, 7, 32, 70])  # the tiles take 6 rows: whole tiles and every remainder
-@pytest.mark.parametrize("inputs,width", [(64, 16), (128, 48), (576, 1536)])
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 32, 70])  # tiles of 4 rows, and every remainder
+@pytest.mark.parametrize("inputs,width", [(64, 16), (128, 48), (576, 1536)])  # 48: a tile of one pair
 def test_silu_mul_in_the_same_pass_is_bitwise_the_two_kernels(dtype, rows, inputs, width):
     """int8_linear_silu_mul = silu_and_mul(int8_linear(x)) for weights of [gate | up] (2 * width outputs)."""
     g = torch.Generator().manual_seed(rows * 100 + width)

@@ -186,8 +186,8 @@ void run(const In* x, const uint8_t* w, const float* w_scale, int64_t M, int64_t
 // silu_and_mul of [gate | up] = the layer's outputs, in the tiles' pass: each tile takes P gate
 // vectors and the P up vectors of the same outputs (`half` vectors on), rounds both sums as
 // int8_linear rounds its outputs and stores silu(gate) * up as silu_and_mul computes it.
-constexpr int kSiluRows = 6;   // rows per tile
-constexpr int kSiluPairs = 1;  // gate/up vector pairs per tile: 6 x 2 dots (4 x 2 and 4 x 4 ran slower)
+constexpr int kSiluRows = 4;   // rows per tile
+constexpr int kSiluPairs = 2;  // gate/up vector pairs per tile: 4 x 4 dots (6 x 2 and 8 x 2: 5-8 % slower)
 
 template <int P, typename Out>
 inline void silu_tile(const Activations& a, const uint8_t* w, const float* w_scale, int64_t M, int64_t K,
