@@ -17,8 +17,8 @@
 //   out[m, n] = sw[n] * sum_g dx[m, g] * (sum_{k in g} (qw[n, k] + 128) * qx[m, k] - 128 * sum_{k in g} qx[m, k])
 //
 // int8_linear_silu_mul runs the MLP's [gate | up] projection with its silu_and_mul in the same
-// pass (each tile a gate vector and the up vector of the same outputs), bitwise the two kernels:
-// a prefill of 32 x 128 tokens 0.98x the time.
+// pass (each tile two gate vectors and the two up vectors of the same outputs), bitwise the two
+// kernels: a prefill of 32 x 128 tokens about 0.98x the time.
 //
 // The group's integer dot starts from -128 * sum qx (its offset, per row and group: no per-output
 // term), is exact in int32, and meets dx in one float32 FMA per group; the sums over groups run
@@ -41,7 +41,7 @@ constexpr int64_t kVector = 16;  // outputs per weight vector
 constexpr int64_t kQuad = 4;     // inputs per VPDPBUSD lane
 constexpr int kTileVectors = 3;  // weight vectors per tile (48 outputs)
 constexpr int kTileRows = 4;     // rows per tile: 4 x 3 int32 accumulators in registers
-                                 // (5 x 4, 6 x 4, 4 x 4 and 8 x 3 ran slower here)
+                                 // (4 x 4 ran the same; 5 x 4, 6 x 4 and 8 x 3 slower)
 
 #if defined(__AVX512VNNI__)
 using llm_serve::Activations;
@@ -125,12 +125,12 @@ inline void last_rows(int64_t left, const Activations& a, const uint8_t* const (
   }
 }
 
-// Every row of the V weight vectors at wv, R rows per tile, requesting the next tile's weights
-// a share at a time as the row tiles go. The first row tile
-// reads this tile's weights from memory and the others from the caches; without the requests
-// each tile's first row tile waited on memory (30 layers' gate_up at 32 rows: 6.6 ms with the
-// weights cold in memory, 4.7 ms with one layer's in cache; a decode step at 32 sequences 0.91x
-// the time with the requests, a prefill of 512-row steps the same).
+// Every row of the V weight vectors at wv, R rows per tile, requesting the next tile's weights a
+// share at a time as the row tiles go. The first row tile reads this tile's weights from memory
+// and the others from the caches; without the requests each tile's first row tile waited on
+// memory (30 layers' gate_up at 32 rows: 6.6 ms with the weights cold in memory, 4.7 ms with one
+// layer's in cache; a decode step at 32 sequences 0.91x the time with the requests, a prefill of
+// 512-row steps the same).
 template <int R, int V, typename Finish>
 inline void rows_of_tile(const Activations& a, const uint8_t* const (&wv)[V], int64_t M, int64_t K,
                          NextWeights next, const Finish& finish) {
