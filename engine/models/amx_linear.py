@@ -32,8 +32,7 @@ class AmxCodesMethod(LinearMethod):
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return self.native.amx_linear(x.contiguous(), self.codes, self.scales, self.mins, self.format, False)
 
-    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of this [gate | up] layer's outputs, bitwise silu_and_mul(apply(x))."""
+    def gate_up_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
         return self.native.amx_linear_silu_mul(x.contiguous(), self.codes, self.scales, self.mins, self.format)
 
     def float32_logits(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:

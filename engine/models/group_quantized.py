@@ -107,11 +107,10 @@ class GroupQuantizedMethod(LinearMethod):
         return self.dense.dense_weight(layer)
 
     def gate_up_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
-        """The rows above the crossover on the AMX or int8 batch method, silu and mul in the tiles'
-        pass (no batch-invariant rows: those go through Linear.forward's tiles)."""
-        if (isinstance(self.batch, (AmxCodesMethod, Int8LinearMethod)) and x.shape[0] > self.max_rows
-                and invariant_rows_start() is None):
-            return self.batch.silu_mul(x)
+        """The rows above the crossover, where the batch method has a fused kernel (AMX, int8; no
+        batch-invariant rows: those go through Linear.forward's tiles)."""
+        if x.shape[0] > self.max_rows and invariant_rows_start() is None:
+            return self.batch.gate_up_silu_mul(layer, x)
         return None
 
     def weight_bytes_read(self, layer: Linear, rows: int, dtype: torch.dtype) -> int:

@@ -60,11 +60,7 @@ class Int8LinearMethod(LinearMethod):
         return self.native.int8_linear(x, self.codes, self.scales, True)  # the kernel's sums are float32
 
     def gate_up_silu_mul(self, layer: Linear, x: torch.Tensor) -> torch.Tensor | None:
-        return self.silu_mul(x)
-
-    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
-        """silu(gate) * up of this [gate | up] layer's outputs, bitwise silu_and_mul(apply(x));
-        None where a half is not whole weight vectors."""
+        """None where a half of [gate | up] is not whole weight vectors of the kernel."""
         if self.codes.shape[0] % 2:
             return None
         return self.native.int8_linear_silu_mul(x, self.codes, self.scales)
