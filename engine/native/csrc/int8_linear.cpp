@@ -273,15 +273,9 @@ at::Tensor int8_linear_silu_mul(const at::Tensor& x, const at::Tensor& weights, 
   TORCH_CHECK(w_scale.is_contiguous() && w_scale.scalar_type() == at::kFloat && w_scale.numel() == N,
               "w_scale: float32 [out], contiguous");
   TORCH_CHECK(K % kGroup == 0, "int8_linear_silu_mul: in_features must be a multiple of 64");
-  at::Tensor out = at::empty({M, N / 2}, x.options());
-  const at::Tensor xc = x.contiguous();
+  return llm_serve::run_int8_kernel(x, N / 2, false, [&](const auto* xp, auto* out) {
 #if defined(__AVX512VNNI__)
-  if (x.scalar_type() == at::kFloat)
-    run_silu(xc.data_ptr<float>(), weights.data_ptr<uint8_t>(), w_scale.data_ptr<float>(), M, K, N,
-             out.data_ptr<float>());
-  else
-    run_silu(xc.data_ptr<at::BFloat16>(), weights.data_ptr<uint8_t>(), w_scale.data_ptr<float>(), M, K, N,
-             out.data_ptr<at::BFloat16>());
+    run_silu(xp, weights.data_ptr<uint8_t>(), w_scale.data_ptr<float>(), M, K, N, out);
 #endif
-  return out;
+  });
 }
