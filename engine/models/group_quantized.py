@@ -140,7 +140,7 @@ def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: Modu
     shape allow); return the names of those left dense. A merged layer stacks its shards' codes in
     its shard order; a tied LM head takes the embedding's."""
     int8 = int8 and native.int8_linear_available()
-    int8_codes = int8_codes and int8
+    int8_codes = int8_codes and int8 and native.q4_int8_linear_available()
     mapping = getattr(model, "packed_modules_mapping", {})
     tied = getattr(getattr(model, "arch", None), "tie_word_embeddings", False)
     dense_left = []

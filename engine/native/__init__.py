@@ -1,63 +1,50 @@
-"""Native CPU kernels (a C++ extension built for this host on first use, then cached).
+"""Native CPU kernels: one extension module per ISA tier, compiled at install time (setup.py), the
+tier chosen at run time (engine/native/tiers.py).
 
-`kernels()` returns the compiled module, or None when it cannot be built (no compiler, a
-failed build) or is turned off (`LLM_NATIVE_KERNELS=0`); callers then use their torch path,
-and the reason is logged once. The engine hands the module to the layers that use it (the
-attention backend, the model's RMSNorms) when `--native-kernels` is on and the device is a CPU.
-The build goes to `~/.cache/llm-serve/native/<key>` where the key names the torch version, the
-sources' hash and the CPU's flags, so another machine or a changed kernel builds again and
-everything else loads in a second.
+`kernels()` returns the module of the tier this process runs (the best one the CPU has, or the one
+LLM_CPU_KERNEL_TIER names), or None when the kernels are turned off (`LLM_NATIVE_KERNELS=0`) or
+that tier was not built (an install without a compiler); callers then use their torch paths, and
+the reason is logged once. The platform (engine/platform.py) asks for it once and hands the
+module to the layers. `load_tier(name)` loads any tier, for the tests that run every tier the CPU
+has against the scalar reference.
 """
 from __future__ import annotations
 
 import functools
-import hashlib
+import importlib
 import logging
 import os
-import platform
-from pathlib import Path
 from types import ModuleType
 
-from engine.cpuinfo import cpuinfo_field
+from engine.native.tiers import BY_NAME, FORCE_ENV, Tier, choose, sources_hash
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decode_attention.cpp", "rms_norm.cpp",
-                                                                  "quant_linear.cpp", "rope_kv.cpp",
-                                                                  "silu_mul.cpp", "decode_layers.cpp",
-                                                                  "sample_draw.cpp", "int8_linear.cpp",
-                                                                  "q4_int8_linear.cpp", "amx_linear.cpp",
-                                                                  "prefill_attention.cpp")]
-# included by the sources: part of the build key
-HEADERS = [Path(__file__).with_name("csrc") / name for name in ("vec16.h", "kernels.h", "decode_layers.h",
-                                                                  "int8_activations.h", "kv_int8.h", "parallel.h",
-                                                                  "amx_tiles.h", "prefetch.h")]
-# OpenMP: at::parallel_for is inline, serial without it; no FMA contraction of plain a * b + c, so the
-# scalar paths round where the torch ops they replace do (the vector paths use explicit FMAs)
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
-# AMD CPUs: streamed data prefetched into L2, where they keep more misses in flight (prefetch.h)
-if cpuinfo_field("vendor_id") == "AuthenticAMD":
-    CFLAGS.append("-DLLM_SERVE_PREFETCH_L2")
-    # and VDPBF16PS issues at the FMA's rate with twice its products: the prefill attention's
-    # products in it (prefill_attention.cpp; the Xeons issue it at half the FMA's rate)
-    CFLAGS.append("-DLLM_SERVE_BF16_DOT_ATTENTION")
+
+class TierNotBuilt(ImportError):
+    """The tier's module is not installed: built without it (LLM_CPU_KERNEL_TIERS), or not built."""
 
 
-def _cpu_flags() -> str:
-    return cpuinfo_field("flags") or platform.processor()
+def load_tier(tier: Tier | str) -> ModuleType:
+    """The tier's module. A module built from other sources than these (an editable install whose
+    C++ changed since) is loaded, with a warning: rebuild it with `make native`."""
+    tier = BY_NAME[tier] if isinstance(tier, str) else tier
+    import torch  # noqa: F401  (the modules link against libtorch, which must be loaded first)
+
+    try:
+        module = importlib.import_module(tier.module)
+    except ModuleNotFoundError as exc:
+        raise TierNotBuilt(f"the {tier.name} kernel tier is not built ({exc}): reinstall (`make install`, "
+                           f"`pip install .`) with a C++ compiler") from exc
+    if module.sources_hash != sources_hash():
+        _warn_stale(tier.name)
+    return module
 
 
-def build_directory() -> Path:
-    import torch
-
-    digest = hashlib.sha256()
-    for source in [*SOURCES, *HEADERS]:
-        digest.update(source.read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
-    digest.update(_cpu_flags().encode())
-    key = f"torch{torch.__version__}-{digest.hexdigest()[:16]}"
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llm-serve" / "native"
-    return root / key
+@functools.cache
+def _warn_stale(name: str) -> None:
+    logger.warning("the %s kernel tier was built from other sources than engine/native/csrc holds now: "
+                   "`make native` rebuilds it", name)
 
 
 @functools.cache
@@ -65,18 +52,18 @@ def kernels() -> ModuleType | None:
     if os.environ.get("LLM_NATIVE_KERNELS", "1") == "0":
         logger.info("native CPU kernels off (LLM_NATIVE_KERNELS=0): torch paths")
         return None
+    tier = choose()
     try:
-        from torch.utils.cpp_extension import load
-
-        directory = build_directory()
-        directory.mkdir(parents=True, exist_ok=True)
-        module = load(name="llm_serve_cpu_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
-                      extra_ldflags=["-fopenmp"],
-                      build_directory=str(directory), verbose=False)
-    except Exception as exc:  # no compiler, a failed build: the torch paths still work
-        logger.warning("native CPU kernels unavailable, using torch paths: %s: %s", type(exc).__name__,
-                       str(exc).strip().splitlines()[-1] if str(exc).strip() else "")
+        module = load_tier(tier)
+    except TierNotBuilt as exc:
+        logger.warning("native CPU kernels unavailable, using torch paths: %s", exc)
         return None
-    logger.info("native CPU kernels loaded from %s", directory)
+    logger.info("kernel tier %s", describe(tier))
     return module
 
+
+def describe(tier: Tier) -> str:
+    """`avx2 (CPU flags avx2 fma f16c bmi2; forced by LLM_CPU_KERNEL_TIER)`: the tier and what chose it."""
+    why = f"forced by {FORCE_ENV}" if os.environ.get(FORCE_ENV) else "the best this CPU runs"
+    flags = " ".join(tier.cpu_flags) or "none needed"
+    return f"{tier.name} (CPU flags {flags}; {why})"

@@ -25,7 +25,7 @@
 //
 // Every output's sum over K runs in the same tile instructions whatever the other rows are, so a
 // row's result does not depend on the batch it is in.
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include "amx_tiles.h"
 #include "parallel.h"

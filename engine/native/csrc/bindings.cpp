@@ -1,10 +1,25 @@
-// The Python module of the native CPU kernels (engine/native/__init__.py builds and loads it).
-#include <torch/extension.h>
+// The Python module of the native CPU kernels, one per ISA tier (setup.py builds them,
+// engine/native/__init__.py loads the one the CPU runs).
+// pybind11 with ATen's type casters, not <torch/extension.h> (all of libtorch's C++ API: 28 s of CPU
+// to compile, 8 here), once per ISA tier
+#include <torch/csrc/utils/pybind.h>
+#include <pybind11/stl.h>
 
 #include "decode_layers.h"
 #include "kernels.h"
 
+#ifndef LLM_SERVE_TIER
+#define LLM_SERVE_TIER "unnamed"
+#endif
+#if __has_include("sources_hash.h")
+#include "sources_hash.h"  // written by setup.py
+#else
+#define LLM_SERVE_SOURCES_HASH ""
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("tier") = LLM_SERVE_TIER;
+  m.attr("sources_hash") = LLM_SERVE_SOURCES_HASH;
   m.def("paged_decode_attention", &paged_decode_attention,
         "paged decode attention: q [seqs, heads, head_dim], caches [kv_heads, blocks, block_size, head_dim]");
   m.def("prefill_attention_available", &prefill_attention_available,
@@ -26,7 +41,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(q, k) rotated",
         py::arg("qk"), py::arg("v"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("slot_mapping"), py::arg("heads"));
-  py::class_<DecodeLayers>(m, "DecodeLayers", "a decode step's decoder layers in one call (decode_layers.h)")
+  py::class_<DecodeLayers>(m, "DecodeLayers", py::module_local(),
+                          "a decode step's decoder layers in one call (decode_layers.h)")
       .def(py::init<std::vector<at::Tensor>, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
                     const std::vector<at::Tensor>&, const std::vector<std::string>&, const std::vector<at::Tensor>&,
                     const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
@@ -42,7 +58,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &DecodeLayers::forward, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("slot_mapping"),
            py::arg("block_tables"), py::arg("seq_lens"));
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of x = [gate | up] ([rows, 2 * width])", py::arg("x"));
-  m.def("int8_linear_available", &int8_linear_available, "whether int8_linear was built (AVX512-VNNI)");
+  m.def("int8_linear_available", &int8_linear_available, "whether int8_linear was built (AVX512-VNNI or AVX2)");
   m.def("int8_linear", &int8_linear,
         "x [rows, in] @ W^T, x as int8 per group of 64 and W as int8 per output (uint8 [out/16, in/4, 16, 4], "
         "q + 128; float32 scales [out])",
@@ -51,6 +67,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "silu_and_mul(int8_linear(x, ...)) in one pass, for weights of [gate | up] (two halves of equal width): "
         "the sums rounded as int8_linear rounds them, then silu(gate) * up as silu_and_mul computes it",
         py::arg("x"), py::arg("weights"), py::arg("w_scale"));
+  m.def("q4_int8_linear_available", &q4_int8_linear_available, "whether q4_int8_linear was built (AVX512-VNNI)");
   m.def("q4_int8_linear", &q4_int8_linear,
         "x [rows, in] @ W^T, W the Q4_1 codes (uint8 [out/16, in/32, 4, 64] + float16 scales and mins "
         "[out/16, in/32, 16]), x as int8 per group of 32",

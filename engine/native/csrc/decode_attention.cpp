@@ -17,7 +17,7 @@
 // block_size, head_dim + 4]) is read a split at a time: its rows de-quantized into q's dtype in
 // contiguous buffers, exactly as the torch codec does, which the kernel for q's dtype then
 // attends as a cache of its own (attend_int8).
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 
 #include "amx_tiles.h"
@@ -44,19 +44,18 @@ constexpr int64_t kMaxHeadDim = 256;
 template <typename T>
 inline float to_float(T x) { return static_cast<float>(x); }
 
-#if defined(__AVX512F__)
-using llm_serve::exp16;
-using llm_serve::load16;
+#if defined(LLM_SERVE_VEC16)
+using llm_serve::f32x16;
 #endif
 
 // sum over d of a[d] * b[d] (a float32, b the cache's type)
 template <typename T>
 inline float dot(const float* a, const T* b, int64_t n) {
-#if defined(__AVX512F__)
+#if defined(LLM_SERVE_VEC16)
   if (n % 16 == 0) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t d = 0; d < n; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), load16(b + d), acc);
-    return _mm512_reduce_add_ps(acc);
+    f32x16 acc = llm_serve::zero16();
+    for (int64_t d = 0; d < n; d += 16) acc = llm_serve::fmadd(llm_serve::load16(a + d), llm_serve::load16(b + d), acc);
+    return llm_serve::reduce_add(acc);
   }
 #endif
   float s = 0.f;
@@ -67,11 +66,11 @@ inline float dot(const float* a, const T* b, int64_t n) {
 // acc[d] = acc[d] * scale + p * v[d]
 template <typename T>
 inline void scale_add(float* acc, float scale, float p, const T* v, int64_t n) {
-#if defined(__AVX512F__)
+#if defined(LLM_SERVE_VEC16)
   if (n % 16 == 0) {
-    const __m512 sv = _mm512_set1_ps(scale), pv = _mm512_set1_ps(p);
+    const f32x16 sv = llm_serve::set16(scale), pv = llm_serve::set16(p);
     for (int64_t d = 0; d < n; d += 16)
-      _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(pv, load16(v + d), _mm512_mul_ps(sv, _mm512_loadu_ps(acc + d))));
+      llm_serve::store16(acc + d, llm_serve::fmadd(pv, llm_serve::load16(v + d), llm_serve::mul(sv, llm_serve::load16(acc + d))));
     return;
   }
 #endif
@@ -130,23 +129,60 @@ void attend_split(const T* q, const T* k_cache, const T* v_cache, const int32_t*
 // the cache lines of `bytes` bytes from `row`
 inline void prefetch_row(const void* row, int64_t bytes) { llm_serve::prefetch_lines(row, bytes); }
 
-#if defined(__AVX512F__)
+// The K/V rows of the work item a thread runs next, as runs of consecutive rows (at most one K and
+// one V run per block of a split), requested from memory a run at a time while the thread's
+// current item runs: the bf16 kernel issues one every 16 keys it scores and every 16 keys of V it
+// interleaves, so the misses of the next item are in flight through the whole current one
+// instead of in one burst of 512 lines that stalls the core before it starts (32 sequences of
+// 250 keys, 30 layers' caches, the AMD EPYC: 9.6-10.5 ms in a burst, 7.4-8.2 spread). Filled
+// only where prefetches go to L2 (prefetch.h); one per thread, since the parallel loop fills it
+// and the kernel it calls drains it.
+class NextItemRows {
+ public:
+  void add(const void* start, int64_t bytes) {
+    start_[count_] = start;
+    bytes_[count_] = bytes;
+    ++count_;
+  }
+  // request the next `runs` runs not yet requested
+  void issue(int runs) {
+    for (; runs > 0 && issued_ < count_; --runs, ++issued_) llm_serve::prefetch_lines(start_[issued_], bytes_[issued_]);
+  }
+  // request the rest, and start over empty
+  void finish() {
+    issue(count_);
+    clear();
+  }
+  void clear() { count_ = issued_ = 0; }
+
+ private:
+  const void* start_[2 * kSplitKeys];
+  int64_t bytes_[2 * kSplitKeys];
+  int count_ = 0, issued_ = 0;
+};
+thread_local NextItemRows next_item_rows;
+
+#if !defined(__AVX512BF16__)
+constexpr bool kBf16Dot = false;
+#endif
+
+#if defined(LLM_SERVE_VEC16)
 constexpr int kChunk = 16;  // keys per vector of scores
 
 // r[j] = the sum of the 16 lanes of v[j], j = 0..15
-inline __m512 sum_lanes16(const __m512* v) {
-  return llm_serve::reduce_lanes16(v, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+inline f32x16 sum_lanes16(const f32x16* v) {
+  return llm_serve::reduce_lanes16(v, [](f32x16 a, f32x16 b) { return llm_serve::add(a, b); });
 }
 
-// One chunk's step of the online softmax: scores (lanes past the chunk's keys masked) -> the
-// weights exp(score - new max), 0 past the keys; `max` moves to the new maximum and `rescale` is
+// One chunk's step of the online softmax: scores of the chunk's n keys (lanes past them ignored) ->
+// the weights exp(score - new max), 0 past the keys; `max` moves to the new maximum and `rescale` is
 // what to multiply the sums so far by (0 at the first chunk).
-inline __m512 softmax_chunk(__m512 scores, __mmask16 valid, float& max, float& rescale) {
-  scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), scores);
-  const float new_max = std::max(max, _mm512_reduce_max_ps(scores));
+inline f32x16 softmax_chunk(f32x16 scores, int n, float& max, float& rescale) {
+  scores = llm_serve::first_lanes(scores, n, -std::numeric_limits<float>::infinity());
+  const float new_max = std::max(max, llm_serve::reduce_max(scores));
   rescale = new_max > max ? std::exp(max - new_max) : 1.f;  // most chunks leave the maximum where it was
   max = new_max;
-  return _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
+  return llm_serve::first_lanes(llm_serve::exp16(llm_serve::sub(scores, llm_serve::set16(new_max))), n);
 }
 
 // Chunks ahead of the one being attended whose K/V rows are requested from memory first: the
@@ -188,84 +224,55 @@ inline void prefetch_rows(const void* k, const void* v, int n, int64_t row_bytes
   prefetch_row(v, n * row_bytes);
 }
 
-// attend_split for a float32 cache, head_dim = 16 * C (same arguments): K and V rows read as
-// vectors, 16 scores per reduction, the weighted sum in registers per 16 dimensions
-template <int C>
-void attend_split_f32(const float* q, const float* k_cache, const float* v_cache, const int32_t* table, int64_t begin,
+// attend_split in vectors, for a cache of T (float32, or bfloat16 where the CPU has no bf16 dot
+// product), head_dim = 16 * C (same arguments): K and V rows read as vectors, 16 scores per
+// reduction, the weighted sum in registers per 16 dimensions
+template <typename T, int C>
+void attend_split_vec(const T* q, const T* k_cache, const T* v_cache, const int32_t* table, int64_t begin,
                       int64_t end, int64_t group, int64_t block_size, int64_t kv_head_stride, float scale, float* acc,
                       float* max_out, float* sum_out) {
+  using namespace llm_serve;  // NOLINT: the vector functions (vec16.h)
   constexpr int64_t head_dim = 16 * C;
   alignas(64) float p[kChunk];
   for (int64_t g = 0; g < group; ++g) {
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + g * head_dim + 16 * c, _mm512_setzero_ps());
+    for (int c = 0; c < C; ++c) store16(acc + g * head_dim + 16 * c, zero16());
     max_out[g] = -std::numeric_limits<float>::infinity();
     sum_out[g] = 0.f;
   }
   for_each_chunk(table, begin, end, block_size, head_dim, [&](int64_t base, int n) {
-    const float* krows = k_cache + kv_head_stride + base;
-    const float* vrows = v_cache + kv_head_stride + base;
-    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+    const T* krows = k_cache + kv_head_stride + base;
+    const T* vrows = v_cache + kv_head_stride + base;
     for (int64_t g = 0; g < group; ++g) {
-      __m512 qv[C], parts[kChunk];
-      for (int c = 0; c < C; ++c)
-        qv[c] = _mm512_mul_ps(_mm512_loadu_ps(q + g * head_dim + 16 * c), _mm512_set1_ps(scale));
+      f32x16 qv[C], parts[kChunk];
+      for (int c = 0; c < C; ++c) qv[c] = mul(load16(q + g * head_dim + 16 * c), set16(scale));
       for (int j = 0; j < kChunk; ++j) {
-        __m512 s = _mm512_setzero_ps();
+        f32x16 s = zero16();
         if (j < n)
-          for (int c = 0; c < C; ++c) s = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(krows + j * head_dim + 16 * c), s);
+          for (int c = 0; c < C; ++c) s = fmadd(qv[c], load16(krows + j * head_dim + 16 * c), s);
         parts[j] = s;
       }
       float rescale;
-      const __m512 probs = softmax_chunk(sum_lanes16(parts), valid, max_out[g], rescale);
-      sum_out[g] = sum_out[g] * rescale + _mm512_reduce_add_ps(probs);
-      _mm512_store_ps(p, probs);
+      const f32x16 probs = softmax_chunk(sum_lanes16(parts), n, max_out[g], rescale);
+      sum_out[g] = sum_out[g] * rescale + reduce_add(probs);
+      store16(p, probs);
       float* a = acc + g * head_dim;
       for (int c = 0; c < C; ++c) {
-        __m512 av = _mm512_mul_ps(_mm512_loadu_ps(a + 16 * c), _mm512_set1_ps(rescale));
-        for (int j = 0; j < n; ++j)
-          av = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(vrows + j * head_dim + 16 * c), av);
-        _mm512_storeu_ps(a + 16 * c, av);
+        f32x16 av = mul(load16(a + 16 * c), set16(rescale));
+        for (int j = 0; j < n; ++j) av = fmadd(set16(p[j]), load16(vrows + j * head_dim + 16 * c), av);
+        store16(a + 16 * c, av);
       }
     }
   }, [&](int64_t base, int n) {
-    prefetch_rows(k_cache + kv_head_stride + base, v_cache + kv_head_stride + base, n, head_dim * sizeof(float));
+    prefetch_rows(k_cache + kv_head_stride + base, v_cache + kv_head_stride + base, n, head_dim * sizeof(T));
   });
 }
-
-// The K/V rows of the work item a thread runs next, as runs of consecutive rows (at most one K and
-// one V run per block of a split), requested from memory a run at a time while the thread's
-// current item runs: the bf16 kernel issues one every 16 keys it scores and every 16 keys of V it
-// interleaves, so the misses of the next item are in flight through the whole current one
-// instead of in one burst of 512 lines that stalls the core before it starts (32 sequences of
-// 250 keys, 30 layers' caches, the AMD EPYC: 9.6-10.5 ms in a burst, 7.4-8.2 spread). Filled
-// only where prefetches go to L2 (prefetch.h); one per thread, since the parallel loop fills it
-// and the kernel it calls drains it.
-class NextItemRows {
- public:
-  void add(const void* start, int64_t bytes) {
-    start_[count_] = start;
-    bytes_[count_] = bytes;
-    ++count_;
-  }
-  // request the next `runs` runs not yet requested
-  void issue(int runs) {
-    for (; runs > 0 && issued_ < count_; --runs, ++issued_) llm_serve::prefetch_lines(start_[issued_], bytes_[issued_]);
-  }
-  // request the rest, and start over empty
-  void finish() {
-    issue(count_);
-    clear();
-  }
-  void clear() { count_ = issued_ = 0; }
-
- private:
-  const void* start_[2 * kSplitKeys];
-  int64_t bytes_[2 * kSplitKeys];
-  int count_ = 0, issued_ = 0;
-};
-thread_local NextItemRows next_item_rows;
+#endif  // LLM_SERVE_VEC16
 
 #if defined(__AVX512BF16__)
+constexpr bool kBf16Dot = true;  // bf16 caches read by VDPBF16PS (attend_split_bf16)
+using llm_serve::exp16;
+using llm_serve::load16;
+
 // Keys ahead of the one being scored whose K rows are requested from memory first.
 constexpr int kPrefetchKeys = 64;
 
@@ -562,24 +569,13 @@ void attend_split_amx(const at::BFloat16* q, const at::BFloat16* k_cache, const 
   }
 }
 #endif  // LLM_SERVE_AMX
-#endif
-#endif  // __AVX512F__
+#endif  // __AVX512BF16__
 
 // one (sequence, kv head, key range) with the kernel for its dtype and head size
 template <typename T>
 void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table, int64_t begin, int64_t end,
             int64_t group, int64_t head_dim, int64_t block_size, int64_t kv_head_stride, float scale, float* acc,
             float* max_out, float* sum_out) {
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float>) {
-    if (head_dim == 64)
-      return attend_split_f32<4>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
-                                 acc, max_out, sum_out);
-    if (head_dim == 128)
-      return attend_split_f32<8>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
-                                 acc, max_out, sum_out);
-  }
-#endif
 #if defined(LLM_SERVE_AMX)
   if constexpr (std::is_same_v<T, at::BFloat16>) {
     if (amx_tiles_ready && head_dim == 64)
@@ -598,6 +594,16 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
     if (head_dim == 128)
       return attend_split_bf16<4>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
                                   acc, max_out, sum_out);
+  }
+#endif
+#if defined(LLM_SERVE_VEC16)
+  if constexpr (std::is_same_v<T, float> || !kBf16Dot) {
+    if (head_dim == 64)
+      return attend_split_vec<T, 4>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
+                                    acc, max_out, sum_out);
+    if (head_dim == 128)
+      return attend_split_vec<T, 8>(q, k_cache, v_cache, table, begin, end, group, block_size, kv_head_stride, scale,
+                                    acc, max_out, sum_out);
   }
 #endif
   attend_split(q, k_cache, v_cache, table, begin, end, group, head_dim, block_size, kv_head_stride, scale, acc,

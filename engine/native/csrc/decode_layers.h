@@ -1,7 +1,7 @@
 // A decode step's decoder layers in one native call (see decode_layers.cpp).
 #pragma once
 
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include <string>
 #include <tuple>

@@ -3,7 +3,7 @@
 // those of its Q4_1 weights; int8_linear.cpp in groups of 64, see there).
 #pragma once
 
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include "parallel.h"
 #include "vec16.h"
@@ -11,6 +11,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+
+// The int8 dot products the kernels are built on: VPDPBUSD (AVX512-VNNI), or AVX2's VPMADDUBSW +
+// VPMADDWD on sign-adjusted operands (llama.cpp's AVX2 dot product); the scalar tier has neither.
+#if defined(__AVX512VNNI__) || (defined(LLM_SERVE_VEC16) && !defined(__AVX512F__))
+#define LLM_SERVE_INT8_DOT 1
+#endif
 
 namespace llm_serve {
 
@@ -92,6 +98,44 @@ inline void quantize_groups(const In* x, int64_t first, int n, Activations& a) {
   }));
   _mm512_mask_storeu_epi32(a.offset.data() + first, valid, _mm512_mullo_epi32(total, _mm512_set1_epi32(-128)));
 }
+#elif defined(LLM_SERVE_INT8_DOT)
+// The same codes, scales and offsets group by group in AVX2 (the maxima and integer sums exact in
+// any order; the divisions the scalar ones).
+template <int Group, typename In>
+inline void quantize_groups(const In* x, int64_t first, int n, Activations& a) {
+  static_assert(Group % 16 == 0, "groups of whole vectors");
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int j = 0; j < n; ++j) {
+    const int64_t i = first + j;
+    const In* xg = x + i * Group;
+    __m256 m = _mm256_setzero_ps();
+    for (int v = 0; v < Group / 16; ++v) {
+      const f32x16 xv = load16(xg + 16 * v);
+      m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign, xv.lo), _mm256_andnot_ps(sign, xv.hi)));
+    }
+    const float amax = reduce_max(f32x16{m, m});
+    const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    a.scale[i] = amax / 127.f;
+    __m256i sum = _mm256_setzero_si256();
+    for (int v = 0; v < Group / 16; ++v) {
+      const f32x16 xv = load16(xg + 16 * v);
+      const __m256i lo = _mm256_cvtps_epi32(_mm256_mul_ps(xv.lo, inv)), hi = _mm256_cvtps_epi32(_mm256_mul_ps(xv.hi, inv));
+      // int32 -> int16 within 128-bit lanes, put in order, then -> int8 (saturating; |q| <= 127 already)
+      const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + i * Group + 16 * v),
+                       _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1)));
+      sum = _mm256_add_epi32(sum, _mm256_add_epi32(lo, hi));
+    }
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sum);
+    int32_t total = 0;
+    for (int l = 0; l < 8; ++l) total += lanes[l];
+    a.offset[i] = -128 * total;
+  }
+}
+#endif
+
+#if defined(LLM_SERVE_INT8_DOT)
 
 // Sizes a's buffers for x [M, K]; returns the number of groups, quantized 16 at a time by
 // quantize_blocks

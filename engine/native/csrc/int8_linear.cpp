@@ -23,7 +23,7 @@
 // The group's integer dot starts from -128 * sum qx (its offset, per row and group: no per-output
 // term), is exact in int32, and meets dx in one float32 FMA per group; the sums over groups run
 // in order, so a row's result does not depend on the batch it is in.
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include "int8_activations.h"
 #include "parallel.h"
@@ -39,11 +39,21 @@ namespace {
 constexpr int64_t kGroup = 64;  // inputs per activation scale
 constexpr int64_t kVector = 16;  // outputs per weight vector
 constexpr int64_t kQuad = 4;     // inputs per VPDPBUSD lane
+#if defined(__AVX512VNNI__)
 constexpr int kTileVectors = 3;  // weight vectors per tile (48 outputs)
 constexpr int kTileRows = 4;     // rows per tile: 4 x 3 int32 accumulators in registers
                                  // (4 x 4 ran the same; 5 x 4, 6 x 4 and 8 x 3 slower)
+constexpr int kSiluRows = 4;     // the fused silu's tiles: rows, and gate/up vector pairs
+constexpr int kSiluPairs = 2;    // (4 x 4 dots; 6 x 2 and 8 x 2: 5-8 % slower)
+#else
+// AVX2: a vector's 16 int32 sums take two of the 16 registers
+constexpr int kTileVectors = 1;
+constexpr int kTileRows = 4;
+constexpr int kSiluRows = 2;
+constexpr int kSiluPairs = 1;
+#endif
 
-#if defined(__AVX512VNNI__)
+#if defined(LLM_SERVE_INT8_DOT)
 using llm_serve::Activations;
 
 // bytes of one weight vector (16 outputs x K inputs)
@@ -65,6 +75,7 @@ struct Ahead {
   int64_t first, count;
 };
 
+#if defined(__AVX512VNNI__)
 // Rows r0..r0+R of the V weight vectors at wv[0..V) (16 outputs each), requesting `ahead`'s lines
 // spread over the groups; finish(r0, acc) takes the sums, float32 acc[R][V][16] before the
 // weights' scales.
@@ -114,6 +125,60 @@ inline void tile(const Activations& a, const uint8_t* const (&wv)[V], int64_t K,
   }
   finish(r0, acc);
 }
+#endif
+
+#if !defined(__AVX512VNNI__)
+// The AVX2 tile, the VNNI one's arithmetic in AVX2: the weights made signed again (qw = code ^ 0x80)
+// and each product's sign moved onto the weight (|qx| * sign(qx) qw), so VPMADDUBSW's unsigned x
+// signed bytes take them: its pairs stay within int16 (2 x 127 x 127), VPMADDWD adds pairs into
+// int32. The group's dots are the exact sum qw * qx, as VPDPBUSD's from -128 sum qx.
+template <int R, int V, typename Finish>
+inline void tile(const Activations& a, const uint8_t* const (&wv)[V], int64_t K, int64_t r0, const Ahead& ahead,
+                 const Finish& finish) {
+  const int64_t G = K / kGroup;
+  alignas(64) float acc[R][V][kVector] = {};
+  const int8_t* xr = a.q.data() + r0 * K;
+  const int64_t per_group = (ahead.count + G - 1) / G;
+  const uint8_t* const first0 = ahead.next.start[0] + ahead.first * 64;
+  const uint8_t* const first1 = ahead.next.start[1] == nullptr ? nullptr : ahead.next.start[1] + ahead.first * 64;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t l = g * per_group; l < std::min(ahead.count, (g + 1) * per_group); ++l) {
+      llm_serve::prefetch_line(first0 + l * 64);
+      if (first1 != nullptr) llm_serve::prefetch_line(first1 + l * 64);
+    }
+    __m256i dot[R][V][2];  // outputs 0..7, 8..15 of each vector
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) dot[r][v][0] = dot[r][v][1] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+    for (int t = 0; t < kGroup / kQuad; ++t) {
+      const int64_t quad = g * (kGroup / kQuad) + t;
+      __m256i wq[V][2];
+      for (int v = 0; v < V; ++v)
+        for (int h = 0; h < 2; ++h)
+          wq[v][h] = _mm256_xor_si256(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wv[v] + quad * kVector * kQuad + 32 * h)), flip);
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        __builtin_memcpy(&four, xr + r * K + quad * kQuad, sizeof(four));
+        const __m256i xq = _mm256_set1_epi32(four), ax = _mm256_abs_epi8(xq);
+        for (int v = 0; v < V; ++v)
+          for (int h = 0; h < 2; ++h)
+            dot[r][v][h] = _mm256_add_epi32(
+                dot[r][v][h], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wq[v][h], xq)), ones));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 d = _mm256_set1_ps(a.scale[(r0 + r) * G + g]);
+      for (int v = 0; v < V; ++v)
+        for (int h = 0; h < 2; ++h)
+          _mm256_store_ps(acc[r][v] + 8 * h,
+                          _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][v][h]), d, _mm256_load_ps(acc[r][v] + 8 * h)));
+    }
+  }
+  finish(r0, acc);
+}
+#endif
 
 // The last `left` (< R + 1) rows from r0 as one tile of that many rows
 template <int R, int V, typename Finish>
@@ -156,9 +221,9 @@ inline void linear_tile(const Activations& a, const uint8_t* w, const float* w_s
   rows_of_tile<kTileRows, V>(a, wv, M, K, next, [&](int64_t r0, const auto& acc) {
     constexpr int R = std::extent_v<std::remove_reference_t<decltype(acc)>>;
     for (int v = 0; v < V; ++v) {
-      const __m512 s = _mm512_loadu_ps(w_scale + (v0 + v) * kVector);
+      const llm_serve::f32x16 s = llm_serve::load16(w_scale + (v0 + v) * kVector);
       for (int r = 0; r < R; ++r)
-        llm_serve::store16(out + (r0 + r) * N + (v0 + v) * kVector, _mm512_mul_ps(_mm512_load_ps(acc[r][v]), s));
+        llm_serve::store16(out + (r0 + r) * N + (v0 + v) * kVector, llm_serve::mul(llm_serve::load16(acc[r][v]), s));
     }
   });
 }
@@ -174,11 +239,10 @@ void run(const In* x, const uint8_t* w, const float* w_scale, int64_t M, int64_t
       const int64_t next_v0 = std::min(vectors, v0 + kTileVectors);
       const int64_t lines = (std::min(vectors, next_v0 + kTileVectors) - next_v0) * vector_bytes(K) / 64;
       const NextWeights next{{w + next_v0 * vector_bytes(K), nullptr}, lines};
-      switch (std::min<int64_t>(kTileVectors, vectors - v0)) {
-        case 3: linear_tile<3>(a, w, w_scale, M, K, v0, out, N, next); break;
-        case 2: linear_tile<2>(a, w, w_scale, M, K, v0, out, N, next); break;
-        default: linear_tile<1>(a, w, w_scale, M, K, v0, out, N, next); break;
-      }
+      const int64_t count = std::min<int64_t>(kTileVectors, vectors - v0);  // the last tile may be narrower
+      if (count == kTileVectors) linear_tile<kTileVectors>(a, w, w_scale, M, K, v0, out, N, next);
+      else if (count == 2) linear_tile<2>(a, w, w_scale, M, K, v0, out, N, next);
+      else linear_tile<1>(a, w, w_scale, M, K, v0, out, N, next);
     }
   });
 }
@@ -186,8 +250,6 @@ void run(const In* x, const uint8_t* w, const float* w_scale, int64_t M, int64_t
 // silu_and_mul of [gate | up] = the layer's outputs, in the tiles' pass: each tile takes P gate
 // vectors and the P up vectors of the same outputs (`half` vectors on), rounds both sums as
 // int8_linear rounds its outputs and stores silu(gate) * up as silu_and_mul computes it.
-constexpr int kSiluRows = 4;   // rows per tile
-constexpr int kSiluPairs = 2;  // gate/up vector pairs per tile: 4 x 4 dots (6 x 2 and 8 x 2: 5-8 % slower)
 
 template <int P, typename Out>
 inline void silu_tile(const Activations& a, const uint8_t* w, const float* w_scale, int64_t M, int64_t K,
@@ -200,12 +262,13 @@ inline void silu_tile(const Activations& a, const uint8_t* w, const float* w_sca
   const int64_t width = half * kVector;
   rows_of_tile<kSiluRows, 2 * P>(a, wv, M, K, next, [&](int64_t r0, const auto& acc) {
     constexpr int R = std::extent_v<std::remove_reference_t<decltype(acc)>>;
+    using namespace llm_serve;  // NOLINT: the vector functions (vec16.h)
     for (int p = 0; p < P; ++p) {
-      const __m512 gate_scale = _mm512_loadu_ps(w_scale + (v0 + p) * kVector);
-      const __m512 up_scale = _mm512_loadu_ps(w_scale + (half + v0 + p) * kVector);
+      const f32x16 gate_scale = load16(w_scale + (v0 + p) * kVector);
+      const f32x16 up_scale = load16(w_scale + (half + v0 + p) * kVector);
       for (int r = 0; r < R; ++r) {
-        const __m512 gate = llm_serve::round_to<Out>(_mm512_mul_ps(_mm512_load_ps(acc[r][p]), gate_scale));
-        const __m512 up = llm_serve::round_to<Out>(_mm512_mul_ps(_mm512_load_ps(acc[r][P + p]), up_scale));
+        const f32x16 gate = round_to<Out>(mul(load16(acc[r][p]), gate_scale));
+        const f32x16 up = round_to<Out>(mul(load16(acc[r][P + p]), up_scale));
         llm_serve::store16(out + (r0 + r) * width + (v0 + p) * kVector, llm_serve::silu_mul16<Out>(gate, up));
       }
     }
@@ -232,7 +295,7 @@ void run_silu(const In* x, const uint8_t* w, const float* w_scale, int64_t M, in
 }  // namespace
 
 bool int8_linear_available() {
-#if defined(__AVX512VNNI__)
+#if defined(LLM_SERVE_INT8_DOT)
   return true;
 #else
   return false;
@@ -242,9 +305,10 @@ bool int8_linear_available() {
 // x [M, K] float32 or bfloat16 (K a multiple of 64); weights uint8 [N/16, K/4, 16, 4] (qw + 128);
 // w_scale float32 [N]. out [M, N]: float32 if float32_out, else x's dtype.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& w_scale, bool float32_out) {
-  TORCH_CHECK(int8_linear_available(), "int8_linear needs AVX512-VNNI");
+  TORCH_CHECK(int8_linear_available(), "int8_linear needs AVX512-VNNI or AVX2 (this is the scalar tier)");
   llm_serve::check_int8_input(x);
-  const int64_t M = x.size(0), K = x.size(1);
+  [[maybe_unused]] const int64_t M = x.size(0);
+  const int64_t K = x.size(1);
   TORCH_CHECK(weights.is_contiguous() && weights.scalar_type() == at::kByte && weights.dim() == 4 &&
                   weights.size(1) == K / kQuad && weights.size(2) == kVector && weights.size(3) == kQuad,
               "weights: uint8 [out/16, in/4, 16, 4], contiguous");
@@ -253,7 +317,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weights, const at:
               "w_scale: float32 [out], contiguous");
   TORCH_CHECK(K % kGroup == 0, "int8_linear: in_features must be a multiple of 64");
   return llm_serve::run_int8_kernel(x, N, float32_out, [&](const auto* xp, auto* out) {
-#if defined(__AVX512VNNI__)
+#if defined(LLM_SERVE_INT8_DOT)
     run(xp, weights.data_ptr<uint8_t>(), w_scale.data_ptr<float>(), M, K, N, out);
 #endif
   });
@@ -262,9 +326,10 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weights, const at:
 // silu_and_mul(int8_linear(x, weights, w_scale, false)) in one pass, for weights of [gate | up]
 // (N / 2 outputs each, N / 2 a multiple of 16): out [M, N / 2] in x's dtype.
 at::Tensor int8_linear_silu_mul(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& w_scale) {
-  TORCH_CHECK(int8_linear_available(), "int8_linear_silu_mul needs AVX512-VNNI");
+  TORCH_CHECK(int8_linear_available(), "int8_linear_silu_mul needs AVX512-VNNI or AVX2 (this is the scalar tier)");
   llm_serve::check_int8_input(x);
-  const int64_t M = x.size(0), K = x.size(1);
+  [[maybe_unused]] const int64_t M = x.size(0);
+  const int64_t K = x.size(1);
   TORCH_CHECK(weights.is_contiguous() && weights.scalar_type() == at::kByte && weights.dim() == 4 &&
                   weights.size(0) % 2 == 0 && weights.size(1) == K / kQuad && weights.size(2) == kVector &&
                   weights.size(3) == kQuad,
@@ -274,7 +339,7 @@ at::Tensor int8_linear_silu_mul(const at::Tensor& x, const at::Tensor& weights, 
               "w_scale: float32 [out], contiguous");
   TORCH_CHECK(K % kGroup == 0, "int8_linear_silu_mul: in_features must be a multiple of 64");
   return llm_serve::run_int8_kernel(x, N / 2, false, [&](const auto* xp, auto* out) {
-#if defined(__AVX512VNNI__)
+#if defined(LLM_SERVE_INT8_DOT)
     run_silu(xp, weights.data_ptr<uint8_t>(), w_scale.data_ptr<float>(), M, K, N, out);
 #endif
   });

@@ -2,7 +2,7 @@
 // that call each other (decode_layers.cpp).
 #pragma once
 
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include <string>
 #include <tuple>
@@ -28,6 +28,7 @@ at::Tensor nucleus_ok(const at::Tensor& probs, const at::Tensor& token, const c1
 bool int8_linear_available();
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& w_scale, bool float32_out);
 at::Tensor int8_linear_silu_mul(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& w_scale);
+bool q4_int8_linear_available();
 at::Tensor q4_int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                           const at::Tensor& mins, bool float32_out);
 bool amx_linear_available();

@@ -11,7 +11,7 @@
 // The same float32 operations as the torch codec, so both write and read identical bytes.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include <algorithm>
 #include <cmath>
@@ -52,27 +52,10 @@ inline void quantize_int8_row(const T* x, int8_t* row, int64_t head_dim) {
 template <typename T>
 inline void dequantize_int8_row(const int8_t* row, T* out, int64_t head_dim) {
   const float scale = int8_row_scale(row, head_dim);
-#if defined(__AVX512BF16__)
-  // 32 at a time, rounded by VCVTNE2PS2BF16: nearest-even as c10::BFloat16 (it also flushes
-  // denormals, which q * scale meets only at scales below 1e-36)
-  if (std::is_same_v<T, at::BFloat16> && head_dim % 32 == 0) {
-    const __m512 s = _mm512_set1_ps(scale);
-    for (int64_t d = 0; d < head_dim; d += 32) {
-      const __m128i* q = reinterpret_cast<const __m128i*>(row + d);
-      const __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), s);
-      const __m512 b = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), s);
-      _mm512_storeu_si512(out + d, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));  // a: 0..15, b: 16..31
-    }
-    return;
-  }
-#endif
-#if defined(__AVX512F__)
+#if defined(LLM_SERVE_VEC16)
   if (head_dim % 16 == 0) {
-    const __m512 s = _mm512_set1_ps(scale);
-    for (int64_t d = 0; d < head_dim; d += 16) {
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d));
-      store16(out + d, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), s));
-    }
+    const f32x16 s = set16(scale);
+    for (int64_t d = 0; d < head_dim; d += 16) store16(out + d, mul(load16(row + d), s));
     return;
   }
 #endif

@@ -34,7 +34,7 @@
 // products instead (attend_rows_amx, below: the bfloat16 pairs' layouts are its tiles' own); a
 // process the kernel refuses AMX tiles to takes the VDPBF16PS form over the same layouts. Float32
 // FMAs elsewhere (an Intel CPU without AMX).
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include "amx_tiles.h"
 #include "parallel.h"
@@ -51,7 +51,7 @@
 #if defined(LLM_SERVE_AMX)
 #define PREFILL_AMX 1
 #define PREFILL_BF16_PAIRS 1
-#elif defined(LLM_SERVE_BF16_DOT_ATTENTION) && defined(__AVX512BF16__)
+#elif defined(__AVX512BF16__)
 #define PREFILL_BF16_PAIRS 1
 #endif
 namespace {

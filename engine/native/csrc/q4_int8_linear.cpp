@@ -16,7 +16,7 @@
 // 4t + b % 4 in its low nibble and at input 4(t + 4) + b % 4 in its high one, so a mask and a
 // shift give the 16 x 4 codes that one VPDPBUSD takes against 4 activations broadcast.
 //   codes uint8 [N/16, K/32, 4, 64]; scales, mins float16 [N/16, K/32, 16]
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include "int8_activations.h"
 #include "kernels.h"
@@ -97,11 +97,20 @@ void run(const In* x, const uint8_t* codes, const at::Half* scales, const at::Ha
 
 }  // namespace
 
+bool q4_int8_linear_available() {
+#if defined(__AVX512VNNI__)
+  return true;
+#else
+  return false;
+#endif
+}
+
 at::Tensor q4_int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                           const at::Tensor& mins, bool float32_out) {
-  TORCH_CHECK(int8_linear_available(), "q4_int8_linear needs AVX512-VNNI");
+  TORCH_CHECK(q4_int8_linear_available(), "q4_int8_linear needs AVX512-VNNI");
   llm_serve::check_int8_input(x);
-  const int64_t M = x.size(0), K = x.size(1);
+  [[maybe_unused]] const int64_t M = x.size(0);
+  const int64_t K = x.size(1);
   TORCH_CHECK(codes.is_contiguous() && codes.scalar_type() == at::kByte && codes.dim() == 4 &&
                   codes.size(1) == K / kGroup && codes.size(2) == 4 && codes.size(3) == 64,
               "codes: uint8 [out/16, in/32, 4, 64], contiguous");

@@ -29,7 +29,7 @@
 // de-quantized in float32 (d * q exact, + m rounded once). Each output of each row is one chain
 // over the groups in order, reduced in a fixed order, so a row's result does not depend on the
 // batch it is in.
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include "parallel.h"
 #include "vec16.h"
@@ -252,7 +252,133 @@ inline void panel_q4_bf16(const at::BFloat16* x, const float* group_sums, int64_
 }
 #endif
 
-// The same arithmetic without AVX-512 (the order of the sums differs from the vector paths).
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+// AVX2 + FMA, float32 inputs. A group's products q * x are summed in float32 and scaled by its d
+// once (d * sum q x, + m * sum x for Q4_1, sum x per group computed once per call), rather than
+// each weight de-quantized first: Q4_1 then costs three instructions per 8 weights (a mask, a
+// conversion, an FMA), Q8_0 two and a load.
+//
+// Q4_1: 8 of a row pair's words widen to 8 int32 lanes (lane l: row (l >> 1) & 1, position
+// 4 o + 2 (l >> 2) + (l & 1) for the words' octet o); nibble k is then taken in place, as 16^k q
+// (a mask, no shift), against x's matching elements times 16^-k (exact: powers of two), spread to
+// the lanes' positions once per call for every panel (`SpreadInputs`).
+constexpr int kOctets = 4;  // octets of 8 words per row pair and step
+
+// per input row: [K / 64 steps][4 nibbles][4 octets][8 lanes], the x each lane of an octet meets
+inline int64_t spread_floats(int64_t K) { return K / 64 * 4 * kOctets * 8; }
+
+inline void spread_inputs(const float* x, int64_t K, float* xs) {
+  const __m256i lanes[2] = {_mm256_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3), _mm256_setr_epi32(4, 5, 4, 5, 6, 7, 6, 7)};
+  for (int64_t t = 0; t < K / 64; ++t)
+    for (int k = 0; k < 4; ++k) {
+      // nibble k: group 2t + k / 2, elements 16 (k % 2) ..; octet o: positions 4 o .. 4 o + 3
+      const float* xg = x + (2 * t + k / 2) * kGroup + 16 * (k % 2);
+      const __m256 unit = _mm256_set1_ps(1.f / static_cast<float>(1 << (4 * k)));
+      for (int o = 0; o < kOctets; ++o) {
+        const __m256 eight = _mm256_loadu_ps(xg + 8 * (o / 2));
+        _mm256_storeu_ps(xs + ((t * 4 + k) * kOctets + o) * 8,
+                         _mm256_mul_ps(_mm256_permutevar8x32_ps(eight, lanes[o % 2]), unit));
+      }
+    }
+}
+
+inline float sum_lanes(__m256 v, int mask) {  // the lanes in mask's bits
+  alignas(32) float l[8];
+  _mm256_store_ps(l, v);
+  float s = 0.f;
+  for (int i = 0; i < 8; ++i)
+    if (mask >> i & 1) s += l[i];
+  return s;
+}
+
+// Q4_1 panel p against R input rows: xs their spread inputs, group_sums [R, K/32] (the "+ m" part)
+template <int R, typename Out>
+inline void panel_q4_avx2(const float* xs, const float* group_sums, int64_t K, const Weights& w, int64_t p, Out* out,
+                          int64_t N) {
+  const int64_t steps = w.groups / 2, row_floats = spread_floats(K);
+  const __m256i masks[4] = {_mm256_set1_epi32(0x000F), _mm256_set1_epi32(0x00F0), _mm256_set1_epi32(0x0F00),
+                            _mm256_set1_epi32(0xF000)};
+  __m256 total[R][kPanel / 2];  // per row pair: lanes (l >> 1) & 1 == 0 row 2h, else 2h + 1
+  __m256 offset[R];            // sum_g m_g * group_sum_g for the panel's 8 outputs
+  for (int r = 0; r < R; ++r) {
+    offset[r] = _mm256_setzero_ps();
+    for (int h = 0; h < kPanel / 2; ++h) total[r][h] = _mm256_setzero_ps();
+  }
+  for (int64_t t = 0; t < steps; ++t) {
+    const uint8_t* step = w.codes + (p * steps + t) * kPanel * kStepBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(step) + kPrefetchSteps * kPanel * kStepBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(step) + kPrefetchSteps * kPanel * kStepBytes + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(step) + kPrefetchSteps * kPanel * kStepBytes + 128, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(step) + kPrefetchSteps * kPanel * kStepBytes + 192, _MM_HINT_T0);
+    __m256 d[2];  // the two groups' scales of the panel's 8 rows
+    for (int i = 0; i < 2; ++i) {
+      const int64_t g = 2 * t + i, pg = (p * w.groups + g) * kPanel;
+      d[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales + pg)));
+      const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mins + pg)));
+      for (int r = 0; r < R; ++r)
+        offset[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(group_sums[r * w.groups + g]), offset[r]);
+    }
+    for (int h = 0; h < kPanel / 2; ++h) {
+      const __m256i row_of_lane = _mm256_setr_epi32(2 * h, 2 * h, 2 * h + 1, 2 * h + 1, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1);
+      const __m256 d0 = _mm256_permutevar8x32_ps(d[0], row_of_lane), d1 = _mm256_permutevar8x32_ps(d[1], row_of_lane);
+      __m256i v[kOctets];
+      for (int o = 0; o < kOctets; ++o)
+        v[o] = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step + h * 64 + 16 * o)));
+      for (int r = 0; r < R; ++r) {
+        const float* x = xs + r * row_floats + t * 4 * kOctets * 8;
+        __m256 acc[4];  // per nibble: group 2t (0, 1), 2t + 1 (2, 3)
+        for (int k = 0; k < 4; ++k) {
+          acc[k] = _mm256_setzero_ps();
+          for (int o = 0; o < kOctets; ++o)
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v[o], masks[k])),
+                                     _mm256_loadu_ps(x + (k * kOctets + o) * 8), acc[k]);
+        }
+        total[r][h] = _mm256_fmadd_ps(_mm256_add_ps(acc[0], acc[1]), d0, total[r][h]);
+        total[r][h] = _mm256_fmadd_ps(_mm256_add_ps(acc[2], acc[3]), d1, total[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float offsets[kPanel];
+    _mm256_store_ps(offsets, offset[r]);
+    for (int h = 0; h < kPanel / 2; ++h) {
+      out[r * N + p * kPanel + 2 * h] = static_cast<Out>(sum_lanes(total[r][h], 0x33) + offsets[2 * h]);
+      out[r * N + p * kPanel + 2 * h + 1] = static_cast<Out>(sum_lanes(total[r][h], 0xCC) + offsets[2 * h + 1]);
+    }
+  }
+}
+
+// Q8_0 panel p against R input rows (float32): a row's group as 4 x 8 int8 widened to float32
+template <int R, typename Out>
+inline void panel_q8_avx2(const float* x, int64_t K, const Weights& w, int64_t p, Out* out, int64_t N) {
+  __m256 total[R][kPanel];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < kPanel; ++j) total[r][j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const int64_t pg = p * w.groups + g;
+    const uint8_t* codes = w.codes + pg * kPanel * kStepBytes;
+    for (int line = 0; line < kPanel * kStepBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(codes) + kPrefetchSteps * kPanel * kStepBytes + line, _MM_HINT_T0);
+    alignas(32) float d[kPanel];
+    _mm256_store_ps(d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales + pg * kPanel))));
+    for (int j = 0; j < kPanel; ++j) {
+      __m256 q[4];
+      for (int o = 0; o < 4; ++o)
+        q[o] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j * kStepBytes + 8 * o))));
+      for (int r = 0; r < R; ++r) {
+        const float* xg = x + r * K + g * kGroup;
+        __m256 acc = _mm256_mul_ps(q[0], _mm256_loadu_ps(xg));
+        for (int o = 1; o < 4; ++o) acc = _mm256_fmadd_ps(q[o], _mm256_loadu_ps(xg + 8 * o), acc);
+        total[r][j] = _mm256_fmadd_ps(acc, _mm256_set1_ps(d[j]), total[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < kPanel; ++j) out[r * N + p * kPanel + j] = static_cast<Out>(llm_serve::reduce_add8(total[r][j]));
+}
+#endif
+
+// The same arithmetic without vectors (the scalar tier) (the order of the sums differs from the vector paths).
 template <Format F, typename Out>
 void panel_scalar(const float* x, int64_t M, int64_t K, const Weights& w, int64_t p, Out* out, int64_t N) {
   constexpr int G = groups_per_step<F>();
@@ -319,6 +445,36 @@ void run(const In* x, const float* group_sums, int64_t M, int64_t K, const Weigh
   });
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+// AVX2: each row's sum per group (Q4_1's "+ m" part) and its spread inputs, once for every panel,
+// then each thread a range of panels, the input rows two at a time
+template <Format F, typename Out>
+void run_avx2(const float* x, int64_t M, int64_t K, const Weights& w, int64_t N, Out* out) {
+  std::vector<float> group_sums, spread;
+  if constexpr (F == Format::kQ4_1) {
+    group_sums.resize(M * w.groups);
+    for (int64_t i = 0; i < M * w.groups; ++i)
+      group_sums[i] = llm_serve::reduce_add(llm_serve::add(llm_serve::load16(x + i * kGroup), llm_serve::load16(x + i * kGroup + 16)));
+    spread.resize(M * spread_floats(K));
+    for (int64_t r = 0; r < M; ++r) spread_inputs(x + r * K, K, spread.data() + r * spread_floats(K));
+  }
+  const auto rows = [&](auto R, int64_t r, int64_t p) {
+    if constexpr (F == Format::kQ4_1)
+      panel_q4_avx2<decltype(R)::value>(spread.data() + r * spread_floats(K), group_sums.data() + r * w.groups, K, w,
+                                        p, out + r * N, N);
+    else
+      panel_q8_avx2<decltype(R)::value>(x + r * K, K, w, p, out + r * N, N);
+  };
+  llm_serve::parallel_for(0, N / kPanel, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      int64_t r = 0;
+      for (; r + 2 <= M; r += 2) rows(std::integral_constant<int, 2>{}, r, p);
+      if (r < M) rows(std::integral_constant<int, 1>{}, r, p);
+    }
+  });
+}
+#endif
+
 template <Format F, typename Out>
 void dispatch_input(const at::Tensor& x, int64_t M, int64_t K, const Weights& w, int64_t N, Out* out) {
 #if defined(__AVX512BF16__)
@@ -336,7 +492,11 @@ void dispatch_input(const at::Tensor& x, int64_t M, int64_t K, const Weights& w,
   }
 #endif
   const at::Tensor xf = x.to(at::kFloat).contiguous();
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+  run_avx2<F>(xf.data_ptr<float>(), M, K, w, N, out);
+#else
   run<F>(xf.data_ptr<float>(), nullptr, M, K, w, N, out);
+#endif
 }
 
 }  // namespace

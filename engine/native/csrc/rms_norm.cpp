@@ -7,7 +7,7 @@
 // Shapes: x, residual [rows, hidden] contiguous (residual may be absent: then sum = x);
 // weight [hidden]. Each row is reduced on its own in a fixed order, so a row's result does not
 // depend on the other rows.
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include "parallel.h"
 #include "vec16.h"
@@ -17,28 +17,26 @@
 
 namespace {
 
-#if defined(__AVX512F__)
-using llm_serve::load16;
-using llm_serve::round_to;
-using llm_serve::store16;
+#if defined(LLM_SERVE_VEC16)
+using namespace llm_serve;  // NOLINT: the vector functions (vec16.h)
 
 template <typename T>
-void rms_norm_row_avx512(const T* xr, const T* rr, const T* weight, T* o, T* sr, int64_t hidden, float eps) {
-  __m512 squares = _mm512_setzero_ps();
+void rms_norm_row_vec(const T* xr, const T* rr, const T* weight, T* o, T* sr, int64_t hidden, float eps) {
+  f32x16 squares = zero16();
   for (int64_t d = 0; d < hidden; d += 16) {
-    __m512 s = load16(xr + d);
+    f32x16 s = load16(xr + d);
     if (rr != nullptr) {
-      s = round_to<T>(_mm512_add_ps(s, load16(rr + d)));
+      s = round_to<T>(add(s, load16(rr + d)));
       store16(sr + d, s);
     }
-    squares = _mm512_fmadd_ps(s, s, squares);
+    squares = fmadd(s, s, squares);
   }
-  const __m512 scale =
-      _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(hidden) + eps));
+  const f32x16 scale =
+      set16(1.f / std::sqrt(reduce_add(squares) / static_cast<float>(hidden) + eps));
   const T* sum = rr != nullptr ? sr : xr;
   for (int64_t d = 0; d < hidden; d += 16) {
-    const __m512 normed = round_to<T>(_mm512_mul_ps(load16(sum + d), scale));
-    store16(o + d, _mm512_mul_ps(load16(weight + d), normed));
+    const f32x16 normed = round_to<T>(mul(load16(sum + d), scale));
+    store16(o + d, mul(load16(weight + d), normed));
   }
 }
 #endif
@@ -48,9 +46,9 @@ void rms_norm_rows(const T* x, const T* residual, const T* weight, T* out, T* su
                    int64_t hidden, float eps) {
   llm_serve::parallel_for(0, rows, std::max<int64_t>(1, 4096 / hidden), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
-#if defined(__AVX512F__)
+#if defined(LLM_SERVE_VEC16)
       if (hidden % 16 == 0) {
-        rms_norm_row_avx512(x + r * hidden, residual == nullptr ? nullptr : residual + r * hidden, weight,
+        rms_norm_row_vec(x + r * hidden, residual == nullptr ? nullptr : residual + r * hidden, weight,
                             out + r * hidden, sum_out + r * hidden, hidden, eps);
         continue;
       }

@@ -11,7 +11,7 @@
 // rows quantized as they are written); slot_mapping [tokens] int64 (block * block_size + offset).
 // Returns the rotated q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] (contiguous;
 // k is also what a cache in qk's dtype now holds).
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include "kv_int8.h"
 #include "parallel.h"
@@ -25,14 +25,13 @@ namespace {
 template <typename T>
 void rotate(const T* x, const T* cos, const T* sin, T* out, int64_t head_dim) {
   const int64_t half = head_dim / 2;
-#if defined(__AVX512F__)
+#if defined(LLM_SERVE_VEC16)
   if (half % 16 == 0) {  // 16 lanes at a time; the rotated half of lanes d.. starts at (d + half) % head_dim
-    using llm_serve::load16;
-    using llm_serve::round_to;
+    using namespace llm_serve;  // NOLINT: the vector functions (vec16.h)
     for (int64_t d = 0; d < head_dim; d += 16) {
-      const __m512 a = round_to<T>(_mm512_mul_ps(load16(x + d), load16(cos + d)));
-      const __m512 b = round_to<T>(_mm512_mul_ps(load16(x + (d + half) % head_dim), load16(sin + d)));
-      llm_serve::store16(out + d, _mm512_add_ps(a, b));
+      const f32x16 a = round_to<T>(mul(load16(x + d), load16(cos + d)));
+      const f32x16 b = round_to<T>(mul(load16(x + (d + half) % head_dim), load16(sin + d)));
+      llm_serve::store16(out + d, add(a, b));
     }
     return;
   }

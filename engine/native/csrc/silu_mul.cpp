@@ -4,7 +4,7 @@
 //     out = dtype(float(dtype(silu(float(gate)))) * float(up))     silu(x) = x / (1 + exp(-x))
 //
 // Shapes: x [rows, 2 * width] = [gate | up], contiguous; out [rows, width] in x's dtype.
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include "parallel.h"
 #include "vec16.h"
@@ -13,7 +13,7 @@
 
 namespace {
 
-#if defined(__AVX512F__)
+#if defined(LLM_SERVE_VEC16)
 using llm_serve::load16;
 using llm_serve::store16;
 #endif
@@ -26,7 +26,7 @@ void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
       const T* up = gate + width;
       T* o = out + r * width;
       int64_t d = 0;
-#if defined(__AVX512F__)
+#if defined(LLM_SERVE_VEC16)
       for (; d + 16 <= width; d += 16) {
         store16(o + d, llm_serve::silu_mul16<T>(load16(gate + d), load16(up + d)));
       }
