@@ -32,7 +32,6 @@ from engine.models.layers import RMSNorm
 from engine.models.llama import MLP
 from engine.models.loader import load_model
 from engine.models.native_decode import EVERY_STEP, NativeDecodeLayers, unsupported_reason
-from engine.native import kernels
 from engine.platform import Platform
 from engine.roofline.cost_model import RooflineModel
 from engine.roofline.measure import measured_limits
@@ -50,7 +49,7 @@ logger = logging.getLogger(__name__)
 class LLMEngine(EngineCore):
     def __init__(self, config: EngineConfig):
         self.model_dir = resolve_model_path(config.model)
-        self.platform = Platform.create(config.device, config.dtype)
+        self.platform = Platform.create(config.device, config.dtype, config.native_kernels)
         self.platform.configure_host()
         self.device, self.dtype = self.platform.device, self.platform.dtype
         self.machine_limits = measured_limits(self.device, self.dtype)  # before the model takes the memory
@@ -61,11 +60,12 @@ class LLMEngine(EngineCore):
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's limit "
                              f"{arch.max_position_embeddings}")
         max_model_len = config.max_model_len or arch.max_position_embeddings
-        native_kernels = kernels() if config.native_kernels and self.device.type == "cpu" else None
+        native_kernels = self.platform.native  # None on CUDA, or with --no-native-kernels
         dense_method = self.platform.linear_method(batch_hint=config.max_num_seqs)
         if config.quantization == "int8":  # the weights as loaded, re-quantized below
             if native_kernels is None or not native_kernels.int8_linear_available():
-                raise ValueError("--quantization int8: needs the native CPU kernels on a CPU with AVX512-VNNI")
+                raise ValueError("--quantization int8: needs the native CPU kernels' int8 dot product (AVX2 or "
+                                 "AVX512-VNNI; not the scalar tier)")
         self.model = load_model(self.model_dir, self.dtype, self.device,
                                 LinearMethod() if config.quantization == "int8" else dense_method,
                                 random_weights=config.load_format == "dummy")
@@ -164,10 +164,12 @@ class LLMEngine(EngineCore):
             return False
         arch = self.model.arch
         if config.batch_linear == "int8" and not native.int8_linear_available():
-            raise ValueError("--batch-linear int8: the int8 kernel needs a CPU with AVX512-VNNI")
-        # float32 asks for float32's precision: int8 batches only when named
+            raise ValueError("--batch-linear int8: the int8 kernel needs AVX2 or AVX512-VNNI (not the scalar tier)")
+        # --dtype float32 asks for float32's precision: int8 batches only when named (float32 that
+        # auto chose for a CPU without bf16 arithmetic takes what is fastest, as bfloat16 does)
         batch_linear = config.batch_linear
-        if batch_linear == "auto" and self.dtype != torch.bfloat16:
+        if batch_linear == "auto" and (self.dtype not in (torch.float32, torch.bfloat16)
+                                       or getattr(self.platform, "float32_asked", False)):
             batch_linear = "dense"
         if batch_linear == "amx" and (self.dtype != torch.bfloat16 or not native.amx_linear_available()):
             raise ValueError("--batch-linear amx: needs --dtype bfloat16 and a CPU with AMX-BF16")

@@ -1,9 +1,13 @@
 """Every per-device decision in one place: device and dtype, threads, what the CPU can do, the
-KV cache's memory budget, the attention backend and the linear method. The engine asks its
-`Platform` and logs the choices once at start-up (vLLM's `current_platform`, in small).
+native kernels' ISA tier, the KV cache's memory budget, the attention backend and the linear
+method. The engine asks its `Platform` and logs the choices once at start-up (vLLM's
+`current_platform`, in small).
 
-The development machines vary between CPUs (an Intel Xeon with AMX, an AMD Zen 4 with AVX-512
-BF16 and VNNI but no AMX), so the CPU's features are detected, never assumed.
+The development machines vary between CPUs (an Intel Xeon with AMX, AMD Zen 4 / Zen 5 with AVX-512
+BF16 and VNNI but no AMX, AMD Zen 3 with AVX2 only), so the CPU's features are detected, never
+assumed: the kernel tier is the best one the CPU runs (engine/native/tiers.py), and `--dtype
+auto` takes bfloat16 only where that tier has bf16 dot products in hardware, float32 elsewhere
+(without them every bf16 product is a conversion and torch's bf16 matmuls crawl).
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import abc
 import logging
 import os
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
@@ -19,6 +24,9 @@ from engine.cpuinfo import cpuinfo_field
 from engine.host_limits import available_host_memory, limit_torch_threads
 from engine.malloc import keep_freed_memory
 from engine.models.linear import LinearMethod, OneDnnPackedMethod
+from engine.native import describe as describe_tier
+from engine.native import kernels
+from engine.native.tiers import Tier, choose
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +63,16 @@ class Platform(abc.ABC):
     def __init__(self, device: torch.device, dtype: torch.dtype):
         self.device, self.dtype = device, dtype
 
+    native: ModuleType | None = None  # the native CPU kernels' module (the CPU platform's tier)
+
     @staticmethod
-    def create(device_name: str, dtype_name: str) -> Platform:
+    def create(device_name: str, dtype_name: str, native_kernels: bool = True) -> Platform:
         device = resolve_device(device_name)
         if device.type == "cuda":
             return CudaPlatform(device, resolve_dtype(dtype_name, device))
-        return CpuPlatform(device, resolve_dtype(dtype_name, device))
+        tier = choose()
+        return CpuPlatform(device, resolve_dtype(dtype_name, device, bf16_compute=tier.bf16_compute), tier,
+                           native_kernels, explicit_dtype=dtype_name != "auto")
 
     def choose_attention_backend(self, requested: str) -> str:
         """--attention-backend: auto takes the platform's; triton-paged needs CUDA or, on a CPU,
@@ -96,10 +108,16 @@ class Platform(abc.ABC):
 
 
 class CpuPlatform(Platform):
-    def __init__(self, device: torch.device, dtype: torch.dtype):
+    def __init__(self, device: torch.device, dtype: torch.dtype, tier: Tier, native_kernels: bool = True,
+                 explicit_dtype: bool = True):
         super().__init__(device, dtype)
         self.features = CpuFeatures.detect()
         self.keeps_freed_memory = False
+        self.tier = tier
+        self.native = kernels() if native_kernels else None
+        # float32 because it was asked for (its precision: no int8 batches unless named), or
+        # because the CPU has no bf16 arithmetic (then the batches' kernel is the CPU's choice)
+        self.float32_asked = explicit_dtype and dtype == torch.float32
 
     def configure_host(self) -> None:
         limit_torch_threads()
@@ -125,8 +143,9 @@ class CpuPlatform(Platform):
 
     def describe(self, batch_hint: int) -> str:
         heap = "freed memory kept" if self.keeps_freed_memory else "default malloc"
-        return (f"{super().describe(batch_hint)}; CPU {self.features.describe()}, {torch.get_num_threads()} threads, "
-                f"{heap}")
+        native = f"kernel tier {describe_tier(self.tier)}" if self.native is not None else "native kernels off"
+        return (f"{super().describe(batch_hint)}; CPU {self.features.describe()}, {native}, "
+                f"{torch.get_num_threads()} threads, {heap}")
 
 
 class CudaPlatform(Platform):
@@ -164,11 +183,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, bf16_compute: bool = True) -> torch.dtype:
     if name == "auto":
-        # bfloat16 on both: it halves the weight bytes a decode step reads, and CPUs with
-        # AVX512-BF16 / AMX run its batched matmuls faster (the README's benchmark table).
-        return torch.bfloat16
+        # bfloat16 on CUDA and on CPUs whose kernel tier has bf16 dot products (AVX512-BF16, AMX):
+        # it halves the activations' and the KV cache's bytes, and their batched matmuls run
+        # faster. Elsewhere float32: without those instructions bf16 costs a conversion per value.
+        return torch.bfloat16 if device.type == "cuda" or bf16_compute else torch.float32
     if name not in _DTYPES:
         raise ValueError(f"unknown dtype {name!r}: use one of {sorted(_DTYPES)} or auto")
     if name == "float16" and device.type == "cpu":

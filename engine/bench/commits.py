@@ -3,10 +3,12 @@
     git archive <old-commit> | tar -x -C /tmp/before
     python -m engine.bench.commits --baseline /tmp/before [--rounds 2] [--dtype bfloat16]
     python -m engine.bench.commits --after-engine kv_cache_dtype=int8   (one checkout, two configurations)
+    python -m engine.bench.commits --dtype auto --before-env LLM_CPU_KERNEL_TIER=avx2   (a kernel tier)
 
 Each round runs `engine/bench/workloads.py` (this checkout's copy, so both sides run the same
 workloads and timing code) once against the baseline checkout and once against this one, each in
-a fresh process; figures are the best of the rounds, and the ratio columns are after / before:
+a fresh process (with `--before-env` / `--after-env` variables of its own); figures are the best of
+the rounds, and the ratio columns are after / before:
 of tok/s (first request in to last token out, prefills included) and of decode tok/s (the phase
 where every sequence decodes: what a change to the decode step alone moves). Without
 `--baseline` both sides are this checkout; `--before-engine` / `--after-engine KEY=VALUE` give
@@ -29,12 +31,12 @@ COLUMNS = [("output_tps", "tok/s", "{:.1f}"), ("decode_tps", "decode tok/s", "{:
            ("sample_ms", "sample ms/step", "{:.2f}")]
 
 
-def run_once(tree: Path, args: argparse.Namespace, out: Path, engine_fields: list[str]) -> dict:
+def run_once(tree: Path, args: argparse.Namespace, out: Path, engine_fields: list[str], env_vars: list[str]) -> dict:
     cmd = [sys.executable, str(HERE.with_name("workloads.py")), "--json", str(out), "--dtype", args.dtype,
            "--batch", str(args.batch), "--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len)]
     for field in engine_fields:
         cmd += ["--engine", field]
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = dict(os.environ, PYTHONPATH=str(tree), **dict(v.split("=", 1) for v in env_vars))
     subprocess.run(cmd, cwd=tree, env=env, check=True)
     return json.loads(out.read_text())
 
@@ -46,19 +48,24 @@ def main(argv: list[str] | None = None) -> None:
                     help="an EngineConfig field for the baseline's runs; repeatable")
     ap.add_argument("--after-engine", action="append", default=[], metavar="KEY=VALUE",
                     help="an EngineConfig field for this checkout's runs; repeatable")
+    ap.add_argument("--before-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable for the baseline's runs; repeatable")
+    ap.add_argument("--after-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable for this checkout's runs; repeatable")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="bfloat16", help="bfloat16, float32 or auto (the platform's choice)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     args = ap.parse_args(argv)
-    trees = {"before": (args.baseline.resolve(), args.before_engine), "after": (REPO, args.after_engine)}
+    trees = {"before": (args.baseline.resolve(), args.before_engine, args.before_env),
+             "after": (REPO, args.after_engine, args.after_env)}
     best: dict[str, dict[str, dict]] = {"before": {}, "after": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for name, (tree, fields) in trees.items():
-                print(f"round {r + 1}/{args.rounds}: {name} ({tree} {' '.join(fields)})", flush=True)
-                for workload, figures in run_once(tree, args, Path(tmp) / f"{name}.json", fields).items():
+            for name, (tree, fields, env_vars) in trees.items():
+                print(f"round {r + 1}/{args.rounds}: {name} ({tree} {' '.join(fields + env_vars)})", flush=True)
+                for workload, figures in run_once(tree, args, Path(tmp) / f"{name}.json", fields, env_vars).items():
                     kept = best[name].get(workload)
                     if kept is None or figures["output_tps"] > kept["output_tps"]:
                         best[name][workload] = figures
