@@ -24,8 +24,9 @@ $(STAMP): requirements.txt requirements-model.txt pyproject.toml
 serve: install
 	$(PY) -m server --host $(HOST) --port $(PORT)
 
+# --durations: the 25 slowest tests at the end of the output, to see where the suite's time goes.
 test: install lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # ruff over the whole tree, mypy over the engine (configured in pyproject.toml).
 lint: install

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -63,7 +64,9 @@ def measured_limits(device: torch.device, dtype: torch.dtype, cache_path: Path |
             return MachineLimits(float(entry["peak_flops"]), float(entry["bandwidth_bytes_per_s"]), str(entry["name"]))
         except (KeyError, TypeError, ValueError):
             pass  # a damaged entry: measure again
+    started = time.perf_counter()
     limits = measure(device, dtype)
+    logger.info("%s measured in %.2f s (cached in %s)", limits.describe(), time.perf_counter() - started, path)
     entries[key] = {"peak_flops": limits.peak_flops, "bandwidth_bytes_per_s": limits.bandwidth_bytes_per_s,
                     "name": limits.name}
     _write(path, entries)

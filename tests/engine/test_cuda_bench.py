@@ -19,7 +19,7 @@ def test_offline_tpot_and_profile_workloads(tiny_llama_dir, tmp_path, async_sche
                                     async_scheduling=async_scheduling))
     offline = offline_throughput(engine, num_seqs=5, min_len=5, max_len=40)
     assert offline["output_tokens"] >= 5 * 5 and offline["tok_per_s"] > 0
-    assert 0 < batch1_tpot(engine, prompt_len=8, output_len=12) < 1e4
+    assert batch1_tpot(engine, prompt_len=8, output_len=12) > 0
     profile_decode(engine, num_seqs=3, steps=4, path=tmp_path / "profile.txt")
     tables = (tmp_path / "profile.txt").read_text()
     assert "4 decode steps of 3 sequences: by host time" in tables and "aten::" in tables

@@ -16,6 +16,8 @@ from engine.bench.grounded import grounded_messages
 from engine.llm import LLM
 from server_process import REPO, start_server
 
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 MODEL = "SmolLM2-135M-Instruct"
 
 

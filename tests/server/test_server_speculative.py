@@ -15,6 +15,8 @@ from engine.bench.grounded import grounded_messages
 from engine.llm import LLM
 from server_process import start_server
 
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
 
