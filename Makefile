@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install serve test lint bench-engine bench docker-test gpu-check gpu-check-wheels
+.PHONY: install serve test lint bench-engine bench docker-test gpu-check gpu-check-cpu gpu-check-wheels
 
 install: $(STAMP)
 
@@ -51,6 +51,11 @@ bench: install
 # wheels it lacks there are fetched here first, where pip works, into .whl/ (carried along).
 gpu-check:
 	bash deploy/gpu-check.sh
+
+# The same script end to end on this CPU (Triton's interpreter, a tiny model), so a broken script
+# never reaches a device; `make test` runs it too (tests/deploy/test_gpu_check_cpu.py).
+gpu-check-cpu: install
+	PYTHON=$(abspath $(PY)) bash deploy/gpu-check.sh --cpu
 
 gpu-check-wheels:
 	bash deploy/gpu-check-wheels.sh

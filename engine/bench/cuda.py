@@ -11,9 +11,13 @@
    the default on CUDA, and off) and with --enforce-eager. Anchor: 2.72 ms with CUDA graphs
    (xLLM); target on an H200: 2.5 ms.
    (Measured first: they take seconds, the offline run the most.)
-3. With --profile PATH: torch.profiler's tables of decode steps at 1 and 256 sequences.
+3. With --profile PATH: torch.profiler's tables of decode steps at 1 and --num-seqs sequences.
 
 Nothing is compared against a peer in this run: the CUDA machine has none installed.
+
+The same code runs on a CPU at toy sizes, which is how `deploy/gpu-check.sh --cpu` rehearses the
+GPU check: `--device cpu --model DIR` (any config folder: random weights from its config.json)
+`--num-seqs 6 --lengths 8,24 --tpot-tokens 8,12 --kv-cache-memory 16777216`.
 """
 from __future__ import annotations
 
@@ -35,10 +39,11 @@ QWEN3_06B = Path(__file__).resolve().parent.parent / "models" / "configs" / "qwe
 
 
 def build(device: str, dtype: str, max_num_seqs: int, enforce_eager: bool, max_model_len: int,
-          async_scheduling: str = "auto") -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(QWEN3_06B), load_format="dummy", dtype=dtype, device=device,
+          async_scheduling: str = "auto", model: Path = QWEN3_06B, kv_cache_memory: int | None = None) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model), load_format="dummy", dtype=dtype, device=device,
                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=16384, max_model_len=max_model_len,
-                                  enforce_eager=enforce_eager, async_scheduling=async_scheduling))
+                                  enforce_eager=enforce_eager, async_scheduling=async_scheduling,
+                                  kv_cache_memory=kv_cache_memory))
 
 
 def generate(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[int, float]:
@@ -111,7 +116,21 @@ def profile_decode(engine: LLMEngine, num_seqs: int, steps: int, path: Path) -> 
 def free_device_memory() -> None:
     """After the last reference to an engine is dropped: its KV cache and graphs back to CUDA."""
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    from engine.cpuinfo import cpuinfo_field
+
+    return cpuinfo_field("model name") or "CPU"
+
+
+def _pair(text: str) -> tuple[int, int]:
+    first, second = (int(x) for x in text.split(","))
+    return first, second
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,13 +138,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--model", type=Path, default=QWEN3_06B,
+                    help="a folder with a config.json, run on random weights (default: Qwen3-0.6B's architecture)")
+    ap.add_argument("--lengths", type=_pair, default=(100, 1024), metavar="MIN,MAX",
+                    help="the offline run's prompt and output lengths, uniform in MIN..MAX")
+    ap.add_argument("--tpot-tokens", type=_pair, default=(128, 256), metavar="PROMPT,OUTPUT",
+                    help="the batch-1 TPOT run's prompt and output tokens")
+    ap.add_argument("--kv-cache-memory", type=int, default=None, metavar="BYTES",
+                    help="default: sized from --gpu-memory-utilization on CUDA, the engine's CPU default on a CPU")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", default=None, metavar="PATH",
-                    help="afterwards, torch.profiler tables of decode steps at 1 and 256 sequences, into PATH")
+                    help="afterwards, torch.profiler tables of decode steps at 1 and --num-seqs sequences, into PATH")
     args = ap.parse_args(argv)
-    figures: dict[str, object] = {"device": torch.cuda.get_device_name(torch.device(args.device))}
+    figures: dict[str, object] = {"device": device_name(torch.device(args.device))}
+    arch = "Qwen3-0.6B architecture" if args.model == QWEN3_06B else f"{args.model.name}'s architecture"
     # each figure is printed as it is measured: a run cut short still shows what it got
-    print(f"\nQwen3-0.6B architecture, random weights, {args.dtype}, {figures['device']}", flush=True)
+    print(f"\n{arch}, random weights, {args.dtype}, {figures['device']}", flush=True)
     print(f"{'workload':<44}{'ours':>12}  anchor / target", flush=True)
 
     tpot: dict[str, float] = {}
@@ -134,8 +162,8 @@ def main(argv: list[str] | None = None) -> None:
                 ("eager", "--enforce-eager", True, "auto"))
     for name, label, eager, async_scheduling in variants:
         small = build(args.device, args.dtype, 8, enforce_eager=eager, max_model_len=4096,
-                      async_scheduling=async_scheduling)
-        result = batch1_decode(small)
+                      async_scheduling=async_scheduling, model=args.model, kv_cache_memory=args.kv_cache_memory)
+        result = batch1_decode(small, *args.tpot_tokens)
         tpot[name] = 1e3 / result.decode_tps
         anchor = ("xLLM 2.72 (graphs); target 2.5" if name == "graphs"
                   else f"{tpot[name] / tpot['graphs']:.2f}x the default's TPOT")
@@ -147,11 +175,13 @@ def main(argv: list[str] | None = None) -> None:
     figures["tpot_ms"] = tpot
 
     start = time.perf_counter()
-    engine = build(args.device, args.dtype, 512, enforce_eager=False, max_model_len=4096)
+    engine = build(args.device, args.dtype, 512, enforce_eager=False, max_model_len=4096, model=args.model,
+                   kv_cache_memory=args.kv_cache_memory)
     figures["build_s"] = time.perf_counter() - start
-    offline = offline_throughput(engine, args.num_seqs)
+    offline = offline_throughput(engine, args.num_seqs, *args.lengths)
     figures["offline"] = offline
-    print(f"{f'offline, {args.num_seqs} seqs, in/out 100..1024 (tok/s)':<44}{offline['tok_per_s']:>12.0f}"
+    low, high = args.lengths
+    print(f"{f'offline, {args.num_seqs} seqs, in/out {low}..{high} (tok/s)':<44}{offline['tok_per_s']:>12.0f}"
           f"  vLLM 8.6k, nano-vllm 10k (A800); target 20k (H200)", flush=True)
     print(f"(offline: {offline['output_tokens']} output tokens, {offline['prompt_tokens']} prompt tokens in "
           f"{offline['seconds']:.1f} s; its engine built in {figures['build_s']:.0f} s)", flush=True)
@@ -159,6 +189,6 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.json).write_text(json.dumps(figures, indent=2))
     if args.profile:
         Path(args.profile).write_text("")
-        for num_seqs, steps in ((1, 30), (256, 10)):
+        for num_seqs, steps in ((1, 30), (args.num_seqs, 10)):
             profile_decode(engine, num_seqs, steps, Path(args.profile))
         print(f"(decode-step profiles in {args.profile})", flush=True)
