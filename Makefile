@@ -28,14 +28,14 @@ serve: install
 test: install lint
 	$(PY) -m pytest -q --durations=25
 
-# ruff over the whole tree, mypy over the engine (configured in pyproject.toml).
+# ruff over the whole tree, mypy over the engine and the benchmarks (configured in pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy engine
+	$(VENV)/bin/mypy engine benchmarks
 
 # Our engine vs transformers on the default model, side by side in one run.
 bench-engine: install
-	$(PY) -m engine.bench
+	$(PY) -m benchmarks
 
 # Build the Dockerfile and serve from the image with podman + debootstrap (root; slow, not in `test`).
 docker-test: install
@@ -47,7 +47,7 @@ bench: install
 	LLAMA_SERVER=$$(bash deploy/build-llama-server.sh /tmp/peers | tail -n 1) $(PY) -m loadtest.bench_servers
 
 # The CUDA path's one device check, run on a CUDA machine with its own torch (no install; under 8
-# minutes): parity tests on CUDA, then `python -m engine.bench --device cuda`, one table. The
+# minutes): parity tests on CUDA, then `python -m benchmarks --device cuda`, one table. The
 # wheels it lacks there are fetched here first, where pip works, into .whl/ (carried along).
 gpu-check:
 	bash deploy/gpu-check.sh

@@ -8,9 +8,10 @@
 #      Triton backend and the captured decode graphs, padded graph replays against unpadded steps,
 #      greedy tokens on CUDA against the CPU engine, the profile run, async scheduling against the
 #      plain loop;
-#   2. the CUDA benchmark (python -m engine.bench --device cuda): nano-vllm's offline shape on
-#      Qwen3-0.6B's architecture, batch-1 TPOT with graphs (async scheduling on and off) and eager,
-#      then torch.profiler's tables of decode steps at 1 and 256 sequences (gpu-check-profile.txt);
+#   2. the CUDA benchmark (python -m benchmarks.cuda, which is python -m benchmarks --device cuda):
+#      nano-vllm's offline shape on Qwen3-0.6B's architecture, batch-1 TPOT with graphs (async
+#      scheduling on and off) and eager, then torch.profiler's tables of decode steps at 1 and 256
+#      sequences (gpu-check-profile.txt);
 # and prints one table. The logs go to $OUT (or /tmp/gpu-check). The default model's weights (94 MB)
 # are not part of it: the CUDA machine gets only what travels with the checkout. Budget: under 8
 # minutes in all (270 s of tests with the Triton compiles, 200 s of benchmark, each a hard limit).
@@ -19,9 +20,8 @@
 # rehearses the same script end to end on a CPU, so a broken script never reaches a device (a GPU
 # is lent rarely and for minutes): the same pytest command line and plugins (pytest-timeout where
 # installed), the same test files on their CPU parametrization under Triton's interpreter, and the
-# benchmark's own code (`python -m engine.bench --device cpu`, engine/bench/cuda.py) on a tiny
-# model at toy sizes; logs in $OUT (or /tmp/gpu-check-cpu). `make test` runs it
-# (tests/deploy/test_gpu_check_cpu.py).
+# benchmark's own code (`python -m benchmarks.cuda --device cpu`) on a tiny model at toy sizes;
+# logs in $OUT (or /tmp/gpu-check-cpu). `make test` runs it (tests/deploy/test_gpu_check_cpu.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -103,7 +103,7 @@ tests_s=$(( $(date +%s) - start ))
 
 start=$(date +%s)
 rm -f "$LOGS/gpu-check-bench.json"
-timeout 200 $PYTHON -m engine.bench "${bench_args[@]}" --json "$LOGS/gpu-check-bench.json" \
+timeout 200 $PYTHON -m benchmarks.cuda "${bench_args[@]}" --json "$LOGS/gpu-check-bench.json" \
     --profile "$LOGS/gpu-check-profile.txt" 2>&1 \
     | tee "$LOGS/gpu-check-bench.log"
 bench_rc=${PIPESTATUS[0]}

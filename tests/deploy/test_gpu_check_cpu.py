@@ -2,7 +2,7 @@
 (a pytest option that stops pytest, a renamed test file, a benchmark flag that no longer parses)
 is found here and never on a lent GPU. The same pytest command line and plugins (pytest-timeout
 is installed here, as on the CUDA machines), the same test files on their CPU parametrization
-under Triton's interpreter, and `python -m engine.bench --device ...`'s own code on a tiny model."""
+under Triton's interpreter, and `python -m benchmarks --device ...`'s own code on a tiny model."""
 from __future__ import annotations
 
 import json

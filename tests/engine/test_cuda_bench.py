@@ -1,4 +1,4 @@
-"""The CUDA benchmark's workloads (engine/bench/cuda.py) on a tiny model and short lengths, so the
+"""The CUDA benchmark's workloads (benchmarks/cuda.py) on a tiny model and short lengths, so the
 GPU check's script is known to run before a CUDA machine is at hand: every requested token comes
 back, the figures are positive, the profile tables are written; with async scheduling too (the
 default on CUDA, opt-in on a CPU)."""
@@ -8,7 +8,7 @@ import pytest
 from device_under_test import TEST_DEVICE
 
 from common.engine_config import EngineConfig
-from engine.bench.cuda import batch1_tpot, offline_throughput, profile_decode
+from benchmarks.cuda import batch1_tpot, offline_throughput, profile_decode
 from engine.llm_engine import LLMEngine
 
 

@@ -10,7 +10,7 @@ import pytest
 from common.engine_config import EngineConfig
 from common.messages import SamplingParams
 from common.speculative_config import SpeculativeConfig
-from engine.bench.grounded import grounded_messages
+from benchmarks.grounded import grounded_messages
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 

@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from common.messages import SamplingParams
-from engine.bench.grounded import grounded_messages
+from benchmarks.grounded import grounded_messages
 from engine.llm import LLM
 from server_process import REPO, start_server
 

@@ -11,7 +11,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.messages import SamplingParams
-from engine.bench.grounded import grounded_messages
+from benchmarks.grounded import grounded_messages
 from engine.llm import LLM
 from server_process import start_server
 

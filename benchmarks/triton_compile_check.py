@@ -1,6 +1,6 @@
 """Compile the CUDA backend's Triton kernels for a Hopper GPU (sm_90) on a machine without one.
 
-    python -m engine.attention.triton_compile_check [--dtypes fp32,fp16,bf16] [--groups 1,3,8]
+    python -m benchmarks.triton_compile_check [--dtypes fp32,fp16,bf16] [--groups 1,3,8]
 
 Triton's interpreter, which runs the kernels on a CPU in `make test`, accepts programs that its
 compiler refuses (shapes, dtypes and masks it never lowers), so the kernels are also compiled here

@@ -1,6 +1,6 @@
 """Benchmark: batch-invariant requests against ordinary ones, same engine, same prompts.
 
-    python -m engine.bench --batch-invariant [--dtype bfloat16] [--rounds 3] [--batch 32]
+    python -m benchmarks --batch-invariant [--dtype bfloat16] [--rounds 3] [--batch 32]
 
 Workloads, each run with every request ordinary and with every request asking for
 `batch_invariant`, in alternating rounds (figures: the best round): 1 sequence and `--batch`
@@ -15,8 +15,8 @@ import random
 
 import torch
 
-from engine.bench.runs import RunResult
-from engine.bench.workloads import build_engine, random_prompts, run_ours
+from benchmarks.runs import RunResult
+from benchmarks.workloads import build_engine, random_prompts, run_ours
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,10 +1,10 @@
 """Our engine before and after a change, in the same run: two checkouts, alternating rounds.
 
     git archive <old-commit> | tar -x -C /tmp/before
-    python -m engine.bench.commits --baseline /tmp/before [--rounds 2] [--dtype bfloat16]
-    python -m engine.bench.commits --after-engine kv_cache_dtype=int8   (one checkout, two configurations)
+    python -m benchmarks.commits --baseline /tmp/before [--rounds 2] [--dtype bfloat16]
+    python -m benchmarks.commits --after-engine kv_cache_dtype=int8   (one checkout, two configurations)
 
-Each round runs `engine/bench/workloads.py` (this checkout's copy, so both sides run the same
+Each round runs `benchmarks/workloads.py` (this checkout's copy, so both sides run the same
 workloads and timing code) once against the baseline checkout and once against this one, each in
 a fresh process; figures are the best of the rounds, and the ratio columns are after / before:
 of tok/s (first request in to last token out, prefills included) and of decode tok/s (the phase
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parents[2]
+REPO = HERE.parents[1]
 COLUMNS = [("output_tps", "tok/s", "{:.1f}"), ("decode_tps", "decode tok/s", "{:.1f}"),
            ("host_ms", "host ms/step", "{:.2f}"), ("forward_ms", "forward ms/step", "{:.1f}"),
            ("sample_ms", "sample ms/step", "{:.2f}")]

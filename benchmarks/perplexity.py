@@ -1,9 +1,9 @@
 """Perplexity of the default model on a text shipped in the repo, for each weight format.
 
-    python -m engine.bench.perplexity [--formats gguf-bf16,dense-bf16,dense-f32] [--window 512]
+    python -m benchmarks.perplexity [--formats gguf-bf16,dense-bf16,dense-f32] [--window 512]
                                       [--kv-cache-dtypes auto,int8] [--chunk 1]
 
-`engine/bench/data/perplexity.txt` (about 3,600 tokens: public-domain prose and verse by Austen,
+`benchmarks/data/perplexity.txt` (about 3,600 tokens: public-domain prose and verse by Austen,
 Lincoln, Dickens, Melville, Carroll, Shakespeare, Jefferson, Shelley and Poe, plain paragraphs on
 programs, science and everyday things, and two short Python programs) is cut into windows of
 `--window` tokens, each scored on its own: the model reads the window once (a prefill through

@@ -1,6 +1,7 @@
-"""The CUDA workloads of `python -m engine.bench --device cuda` (the GPU check runs them).
+"""The CUDA workloads of `python -m benchmarks --device cuda` (the GPU check runs them).
 
-    python -m engine.bench --device cuda [--num-seqs 256] [--json out.json]
+    python -m benchmarks --device cuda [--num-seqs 256] [--json out.json]
+    python -m benchmarks.cuda [--device cuda] [...]          (the same; what deploy/gpu-check.sh runs)
 
 1. Offline throughput in nano-vllm's benchmark shape: Qwen3-0.6B's architecture with random
    weights (engine/models/configs/qwen3-0.6b, `load_format="dummy"`), 256 sequences of random
@@ -16,7 +17,7 @@
 Nothing is compared against a peer in this run: the CUDA machine has none installed.
 
 The same code runs on a CPU at toy sizes, which is how `deploy/gpu-check.sh --cpu` rehearses the
-GPU check: `--device cpu --model DIR` (any config folder: random weights from its config.json)
+GPU check: `python -m benchmarks.cuda --device cpu --model DIR` (any config folder: random weights from its config.json)
 `--num-seqs 6 --lengths 8,24 --tpot-tokens 8,12 --kv-cache-memory 16777216`.
 """
 from __future__ import annotations
@@ -30,12 +31,13 @@ from pathlib import Path
 
 import torch
 
+import engine.models
+from benchmarks.workloads import run_ours
 from common.engine_config import EngineConfig
 from common.messages import SamplingParams
-from engine.bench.workloads import run_ours
 from engine.llm_engine import LLMEngine
 
-QWEN3_06B = Path(__file__).resolve().parent.parent / "models" / "configs" / "qwen3-0.6b"
+QWEN3_06B = Path(engine.models.__file__).resolve().parent / "configs" / "qwen3-0.6b"
 
 
 def build(device: str, dtype: str, max_num_seqs: int, enforce_eager: bool, max_model_len: int,
@@ -192,3 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         for num_seqs, steps in ((1, 30), (args.num_seqs, 10)):
             profile_decode(engine, num_seqs, steps, Path(args.profile))
         print(f"(decode-step profiles in {args.profile})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,10 @@
 """Benchmark: our engine vs transformers on the same model, prompts and dtype, in one run.
 
-    python -m engine.bench [--dtype bfloat16|float32] [--rounds 2] [--batch 32]
-    python -m engine.bench --speculative [...]   (n-gram speculative decoding against none)
-    python -m engine.bench --structured [...]    (JSON-schema-constrained decoding against none)
-    python -m engine.bench --batch-invariant [...]  (batch-invariant requests against ordinary ones)
-    python -m engine.bench --device cuda [...]   (the CUDA workloads: engine/bench/cuda.py)
+    python -m benchmarks [--dtype bfloat16|float32] [--rounds 2] [--batch 32]
+    python -m benchmarks --speculative [...]   (n-gram speculative decoding against none)
+    python -m benchmarks --structured [...]    (JSON-schema-constrained decoding against none)
+    python -m benchmarks --batch-invariant [...]  (batch-invariant requests against ordinary ones)
+    python -m benchmarks --device cuda [...]   (the CUDA workloads: benchmarks/cuda.py)
 
 Runs alternate (ours, transformers, ours, transformers, ...) so a noisy shared machine hits both
 alike; each figure is the best of the rounds. Workloads: 1 and `--batch` sequences, each with a
@@ -25,12 +25,12 @@ import sys
 
 import torch
 
-from engine.bench.limits import gemm_flops, memory_bandwidth
-from engine.bench.runs import RunResult, run_hf_generate, run_hf_generate_batch
-from engine.bench.workloads import build_engine, random_prompts, run_ours
+from benchmarks.runs import RunResult, run_hf_generate, run_hf_generate_batch
+from benchmarks.workloads import build_engine, random_prompts, run_ours
 from engine.llm_engine import LLMEngine
 from engine.models.config import ModelArch
 from engine.models.linear import weight_bytes_per_step
+from engine.roofline.measure import gemm_flops, memory_bandwidth
 
 
 def linear_params(arch: ModelArch) -> int:
@@ -56,20 +56,20 @@ def _device_argument(argv: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--speculative":  # n-gram speculation against none (engine/bench/speculative.py)
-        from engine.bench.speculative import main as speculative_main
+    if argv and argv[0] == "--speculative":  # n-gram speculation against none (benchmarks/speculative.py)
+        from benchmarks.speculative import main as speculative_main
 
         return speculative_main(argv[1:])
-    if argv and argv[0] == "--structured":  # grammar masks against none (engine/bench/structured.py)
-        from engine.bench.structured import main as structured_main
+    if argv and argv[0] == "--structured":  # grammar masks against none (benchmarks/structured.py)
+        from benchmarks.structured import main as structured_main
 
         return structured_main(argv[1:])
-    if argv and argv[0] == "--batch-invariant":  # per-request invariance against none (engine/bench/batch_invariant.py)
-        from engine.bench.batch_invariant import main as batch_invariant_main
+    if argv and argv[0] == "--batch-invariant":  # per-request invariance against none (benchmarks/batch_invariant.py)
+        from benchmarks.batch_invariant import main as batch_invariant_main
 
         return batch_invariant_main(argv[1:])
-    if _device_argument(argv).startswith("cuda"):  # the CUDA workloads (engine/bench/cuda.py)
-        from engine.bench.cuda import main as cuda_main
+    if _device_argument(argv).startswith("cuda"):  # the CUDA workloads (benchmarks/cuda.py)
+        from benchmarks.cuda import main as cuda_main
 
         return cuda_main(argv)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,11 +1,11 @@
 """Benchmark: n-gram speculative decoding against none, same model, same prompts, in one run.
 
-    python -m engine.bench.speculative [--dtype bfloat16] [--rounds 2] [--batches 1,2,4,8,16,32]
+    python -m benchmarks.speculative [--dtype bfloat16] [--rounds 2] [--batches 1,2,4,8,16,32]
 
-Workloads: the eight input-grounded chat requests of `engine.bench.grounded` (repeat, quote or
+Workloads: the eight input-grounded chat requests of `benchmarks.grounded` (repeat, quote or
 edit a 300-token text; greedy, up to --output-len tokens, EOS ends them), run in groups of B at
 once for each batch size B (cycled to fill batches above 8); and the random-prompt workload of
-`python -m engine.bench` (128-token random prompts, 128 tokens, EOS ignored) at batch 1 and at
+`python -m benchmarks` (128-token random prompts, 128 tokens, EOS ignored) at batch 1 and at
 the largest batch. Two engines
 live side by side, one with speculation always on (disable_by_batch_size above every batch
 here, to measure where it stops paying) and one without; rounds alternate between them and the
@@ -20,8 +20,8 @@ import time
 from common.engine_config import EngineConfig
 from common.messages import SamplingParams
 from common.speculative_config import SpeculativeConfig
-from engine.bench.grounded import grounded_messages
-from engine.bench.workloads import random_prompts
+from benchmarks.grounded import grounded_messages
+from benchmarks.workloads import random_prompts
 from engine.llm_engine import LLMEngine
 
 

@@ -1,12 +1,13 @@
 """Our engine's timed workloads: greedy at batch 1, greedy and sampled at a batch of N.
 
-Used by `python -m engine.bench` (ours against transformers) and run as a script by
-`engine.bench.commits` against another checkout of this repository:
+Used by `python -m benchmarks` (ours against transformers) and run as a script by
+`benchmarks.commits` against another checkout of this repository:
 
-    python engine/bench/workloads.py --json out.json   (cwd and PYTHONPATH: the checkout to time)
+    python benchmarks/workloads.py --json out.json   (cwd and PYTHONPATH: the checkout to time)
 
-so it uses only names every version of the engine has, and loads its two sibling modules by
-file path when the checkout's own `engine.bench` lacks them.
+so it uses only names every version of the engine has, and loads its two sibling modules from the
+checkout's own `benchmarks` (`engine.bench` before the benchmarks left the engine), or by file
+path when the checkout has neither.
 """
 from __future__ import annotations
 
@@ -25,15 +26,18 @@ SAMPLED = dict(temperature=0.8, top_p=0.95, presence_penalty=0.5)
 
 
 def _sibling(name: str):
-    try:
-        return importlib.import_module(f"engine.bench.{name}")
-    except ImportError:  # an older checkout: load ours next to this file
-        spec = importlib.util.spec_from_file_location(f"_bench_{name}", Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
+    for package in ("benchmarks", "engine.bench"):
+        try:
+            return importlib.import_module(f"{package}.{name}")
+        except ImportError:
+            continue
+    # an older checkout without them: load ours next to this file
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _import(*candidates: str):

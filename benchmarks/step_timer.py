@@ -5,7 +5,7 @@ It times the step from outside: the model's `forward` and `compute_logits` and t
 sampler's `__call__` are wrapped (on their classes, found through the engine instance) for the
 duration of a run, and host time is the step's wall time minus theirs. On CPU every op is
 synchronous, so the split is exact; on CUDA the step's final `.tolist()` absorbs the queued
-kernels. Only names that every version of the engine has are used, so `engine.bench.commits`
+kernels. Only names that every version of the engine has are used, so `benchmarks.commits`
 can time an older checkout with the same code.
 """
 from __future__ import annotations

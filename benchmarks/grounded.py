@@ -1,7 +1,7 @@
 """Input-grounded chat requests: repeat, quote or edit a given text of about 300 tokens.
 
 The answers copy long runs of their input, the case n-gram speculative decoding is for; used by
-`python -m engine.bench --speculative` and by the tests that check speculation leaves greedy
+`python -m benchmarks --speculative` and by the tests that check speculation leaves greedy
 output unchanged.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m tokenizer_worker.stream_check_cost`: what the stream self-check costs a request.
+"""`python -m benchmarks.stream_check_cost`: what the stream self-check costs a request.
 
 The check keeps a choice's ids and text pieces and decodes all ids once when the choice
 finishes. This streams output of 128, 1024 and 4096 tokens of the default model's tokenizer one
@@ -50,7 +50,7 @@ def final_decode_ms(tokenizer, prompt_ids: list[int], output_ids: list[int]) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tokenizer_worker.stream_check_cost", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.stream_check_cost", description=__doc__)
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 1024, 4096], help="output tokens")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """Benchmark: JSON-schema-constrained decoding against the same workload without a schema.
 
-    python -m engine.bench --structured [--dtype bfloat16] [--rounds 3] [--batch 32]
+    python -m benchmarks --structured [--dtype bfloat16] [--rounds 3] [--batch 32]
 
 Workload: `--batch` chat requests at once ("list people as JSON"), --output-len tokens each,
 greedy. Constrained, every row follows a JSON schema (an array of at least 50 person objects
