@@ -33,7 +33,10 @@ def _fields() -> dict[str, dataclasses.Field]:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Help text as one Markdown table cell: no column breaks, tags or emphasis from its characters."""
+    for raw, escaped in (("|", "\\|"), ("*", "\\*"), ("<", "&lt;"), (">", "&gt;"), ("\n", " ")):
+        text = text.replace(raw, escaped)
+    return text
 
 
 def _default(field: dataclasses.Field) -> str:
