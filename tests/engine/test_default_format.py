@@ -24,7 +24,8 @@ from engine.models.group_quantized import GroupQuantizedMethod
 from engine.models.native_decode import NativeDecodeLayers
 from engine.native import kernels
 
-pytestmark = pytest.mark.skipif(kernels() is None, reason="the native CPU kernels could not be built here")
+pytestmark = [pytest.mark.skipif(kernels() is None, reason="the native CPU kernels could not be built here"),
+              pytest.mark.slow]  # perplexity over the shipped text, several formats
 
 NEAR_TIE = 0.15
 CODES_ROWS = 8  # decode rows that run on the codes in the greedy test (every row of its batch)

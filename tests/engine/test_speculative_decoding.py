@@ -14,6 +14,8 @@ from benchmarks.grounded import grounded_messages
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 
+pytestmark = pytest.mark.slow  # thousands of sampled draws, and the real model
+
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
         "disable_by_batch_size": 16}
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "请用中文介绍一下北京。",

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the kernels compiled for sm_90 in a fresh process
+
 REPO = Path(__file__).resolve().parents[2]
 
 
