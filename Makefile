@@ -12,7 +12,7 @@ PORT ?= 8000
 LLM_CPU_KERNEL_TIERS ?= all
 export LLM_CPU_KERNEL_TIERS
 
-.PHONY: install native serve test lint bench-engine bench docker-test gpu-check gpu-check-wheels
+.PHONY: install native serve test lint bench-engine bench docker-test gpu-check gpu-check-cpu gpu-check-wheels
 
 install: $(STAMP) $(NATIVE_STAMP)
 
@@ -39,17 +39,18 @@ $(NATIVE_STAMP): $(STAMP) setup.py engine/native/tiers.py $(wildcard engine/nati
 serve: install
 	$(PY) -m server --host $(HOST) --port $(PORT)
 
+# --durations: the 25 slowest tests at the end of the output, to see where the suite's time goes.
 test: install lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
-# ruff over the whole tree, mypy over the engine (configured in pyproject.toml).
+# ruff over the whole tree, mypy over the engine and the benchmarks (configured in pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy engine
+	$(VENV)/bin/mypy engine benchmarks
 
 # Our engine vs transformers on the default model, side by side in one run.
 bench-engine: install
-	$(PY) -m engine.bench
+	$(PY) -m benchmarks
 
 # Build the Dockerfile and serve from the image with podman + debootstrap (root; slow, not in `test`).
 docker-test: install
@@ -61,10 +62,15 @@ bench: install
 	LLAMA_SERVER=$$(bash deploy/build-llama-server.sh /tmp/peers | tail -n 1) $(PY) -m loadtest.bench_servers
 
 # The CUDA path's one device check, run on a CUDA machine with its own torch (no install; under 8
-# minutes): parity tests on CUDA, then `python -m engine.bench --device cuda`, one table. The
+# minutes): parity tests on CUDA, then `python -m benchmarks --device cuda`, one table. The
 # wheels it lacks there are fetched here first, where pip works, into .whl/ (carried along).
 gpu-check:
 	bash deploy/gpu-check.sh
+
+# The same script end to end on this CPU (Triton's interpreter, a tiny model), so a broken script
+# never reaches a device; `make test` runs it too (tests/deploy/test_gpu_check_cpu.py).
+gpu-check-cpu: install
+	PYTHON=$(abspath $(PY)) bash deploy/gpu-check.sh --cpu
 
 gpu-check-wheels:
 	bash deploy/gpu-check-wheels.sh

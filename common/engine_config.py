@@ -24,15 +24,15 @@ class EngineConfig:
                 "they are faster; larger batches by --batch-linear), a model folder on its dense weights; "
                 "gguf: the codes of the default model's GGUF or of a *.gguf in the model folder; none: dense "
                 "--dtype weights; int8: dense weights quantized per output channel, run with int8 activations "
-                "(per group of 32; lossy, needs AVX512-VNNI)", choices=("auto", "gguf", "none", "int8"))
+                "(per group of 64; lossy, needs AVX512-VNNI)", choices=("auto", "gguf", "none", "int8"))
     batch_linear: str = opt(
-        "auto", "the linear layers of batches above the GGUF codes' crossover: int8 (activations per group of 32 x "
+        "auto", "the linear layers of batches above the GGUF codes' crossover: int8 (activations per group of 64 x "
                 "weights per output channel, AVX512-VNNI; and then the Q4_1 codes of the rows below the crossover "
-                "against int8 activations too: faster at batch 1, lossy), dense (--dtype weights through oneDNN), "
-                "amx (the codes as bfloat16 tiles on AMX: the dense weights on a third of the bytes; bfloat16 "
-                "only), or auto: with bfloat16, the fastest of dense, amx (where the CPU has AMX) and int8 "
-                "(where it has VNNI) measured at start-up, the codes' rows on bfloat16 activations; with float32, "
-                "dense",
+                "against int8 activations per group of 32 too: faster at batch 1, lossy), dense (--dtype weights "
+                "through oneDNN), amx (the codes as bfloat16 tiles on AMX: the dense weights on a third of the "
+                "bytes; bfloat16 only), or auto: with bfloat16, the fastest of dense, amx (where the CPU has AMX) "
+                "and int8 (where it has VNNI) measured at start-up, the codes' rows on bfloat16 activations; with "
+                "float32, dense",
         choices=("auto", "int8", "dense", "amx"))
     dtype: str = opt("auto", "float32 | bfloat16 | float16 | auto (bfloat16 on CPU and CUDA)")
     device: str = opt("auto", "cpu | cuda | auto")

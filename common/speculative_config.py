@@ -8,8 +8,8 @@ n-gram (prompt lookup) drafting: the longest earlier match of the sequence's las
 num_speculative_tokens that followed it. `disable_by_batch_size`: steps with more running
 requests than this draft nothing (vLLM's knob of that name). On the 2-core CPU, with drafts
 accepted ~80 % of the time, drafting paid 3.1x at batch 1, 1.5x at 8 and 1.2x at 16
-(`python -m engine.bench --speculative`, README); above 16 a step is compute-bound and the
-gain depends on the acceptance rate, so 16 is the default.
+(`python -m benchmarks --speculative`, benchmarks/results/2026-12-01-speculative-decoding.md);
+above 16 a step is compute-bound and the gain depends on the acceptance rate, so 16 is the default.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ that were touched before). Measured on 30 layers' caches with the blocks spread 
 ms. The weights a decode step streams (the GGUF codes: 96 MB for the default model, each layer's
 matrices a few hundred KiB) fare the same on 4 KiB pages: a page walk and a new prefetch stream
 every 4 KiB, for a read that is only a few microseconds per matrix. `pack_on_huge_pages` copies them
-into one huge-page mapping at start-up (engine.bench.commits, batch 1: 1.17x tok/s).
+into one huge-page mapping at start-up (benchmarks.commits, batch 1: 1.17x tok/s).
 """
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ class CpuPlatform(Platform):
 
     def linear_method(self, batch_hint: int) -> LinearMethod:
         # oneDNN's packed weights read 1.5-2x faster than torch's default path for decode-sized
-        # matmuls (`python -m engine.bench` measures the whole engine); bf16 needs oneDNN's bf16
+        # matmuls (`python -m benchmarks` measures the whole engine); bf16 needs oneDNN's bf16
         # path (AVX512-BF16 or AMX), float32 runs packed everywhere oneDNN does.
         if not torch.backends.mkldnn.is_available():
             return LinearMethod()

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m server") -> int:
     # The protocol (httptools) refuses a request head that grows past MAX_HEADER_BYTES with 431
     # and one that arrives too slowly with 408 (server/http_protocol.py).
     # loop "auto" (uvicorn's default) runs uvloop, pinned in requirements.txt: at one stream the
-    # server on it gave TPOT 8.61 vs 8.92 ms on asyncio's loop (README).
+    # server on it gave TPOT 8.61 vs 8.92 ms on asyncio's loop (benchmarks/results/2026-12-03-xeon-uvloop.md).
     config = uvicorn.Config(
         create_app(state), host=server_config.host, port=server_config.port,
         http=LimitedHttpToolsProtocol.with_header_timeout(server_config.header_read_timeout), lifespan="on",

@@ -4,7 +4,7 @@
     llm-serve bench serve [flags]     the load generator (= python -m loadtest)
     llm-serve bench soak [flags]      mixed traffic for hours, resources sampled (= python -m loadtest soak)
     llm-serve bench servers [flags]   our server vs transformers serve (= python -m loadtest.bench_servers)
-    llm-serve bench engine [flags]    our engine vs transformers (= python -m engine.bench)
+    llm-serve bench engine [flags]    our engine vs transformers (= python -m benchmarks)
     llm-serve roofline [MODEL] [flags] a decode step's roofline table (= python -m engine.roofline)
 
 Each subcommand's module is imported only when it runs: the engine benchmark imports torch, which
@@ -44,9 +44,16 @@ def _bench_servers(argv: list[str], prog: str) -> int | None:
 
 
 def _bench_engine(argv: list[str], prog: str) -> int | None:
-    from engine.bench.__main__ import main
-
-    sys.argv[0] = prog  # engine.bench's parser names itself after sys.argv[0]
+    try:
+        from benchmarks.__main__ import main
+    except ModuleNotFoundError as exc:
+        if exc.name != "benchmarks":
+            raise
+        # the Docker image installs the serving packages only
+        print(f"{prog}: the benchmarks are not installed here; run `python -m benchmarks` from a checkout",
+              file=sys.stderr)
+        return 2
+    sys.argv[0] = prog  # the benchmark's parser names itself after sys.argv[0]
     return main(argv)
 
 
@@ -64,7 +71,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, Callable[[list[str], str], int | None
                         "(python -m loadtest soak)", _bench_soak),
     ("bench", "servers"): ("our server vs transformers serve, one interleaved sweep "
                            "(python -m loadtest.bench_servers)", _bench_servers),
-    ("bench", "engine"): ("our engine vs transformers on the same model (python -m engine.bench)", _bench_engine),
+    ("bench", "engine"): ("our engine vs transformers on the same model (python -m benchmarks)", _bench_engine),
     ("roofline",): ("a decode step's FLOPs, bytes and time bound per operator (python -m engine.roofline)",
                     _roofline),
 }

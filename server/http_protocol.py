@@ -3,7 +3,7 @@
 httptools (llhttp, in C) rather than h11 (pure Python): a streamed response writes one chunk per
 token per request, and on a small machine the HTTP server's CPU time is taken from the engine's
 threads. At 32 streams on 2 cores the server process spent 14-24 % less CPU per streamed token
-on httptools (README).
+on httptools (benchmarks/results/2026-12-04-zen4-async-httptools-startup.md).
 
 uvicorn times out idle keep-alive connections only after a response: a client that connects
 and sends its request line and headers a byte at a time (slow loris) holds its connection for

@@ -11,7 +11,7 @@ adds: the rules give the same cut whether the text came in pieces or at once. A 
 logged with both texts and reported on the finishing TextDelta (`llm:detokenize_mismatch_total`).
 
 Cost: the choice's ids and text pieces are kept until it finishes (O(output)), then one decode
-of them all (`python -m tokenizer_worker.stream_check_cost` measures it).
+of them all (`python -m benchmarks.stream_check_cost` measures it).
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ cached; see `engine.roofline.measure`) in the dtype the weight bytes imply.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from engine.models.config import ModelArch, read_hf_config
@@ -56,6 +57,7 @@ def machine_limits(name: str, weight_bytes: float) -> MachineLimits:
 
 def main(argv: list[str] | None = None, prog: str = "python -m engine.roofline") -> int:
     args = parse_args(argv, prog)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # a measurement says how long it took
     label, arch = load_arch(args.model)
     limits = machine_limits(args.machine, args.weight_bytes)
     model = RooflineModel(arch, weight_bytes=args.weight_bytes, kv_bytes=args.kv_bytes)

@@ -1,11 +1,14 @@
 """This host's roofs, measured once and cached: memory read bandwidth and the GEMM rate of a dtype.
 
-The measurement is `engine.bench.limits` at sizes small enough to finish in well under 2 s on a
-CPU (a 256 MiB read, past any last-level cache; a 1024^3 matmul) and large enough to reach the
-roofs on a GPU (1 GiB, 8192^3). The result is kept in `$XDG_CACHE_HOME/llm-serve/
-machine_limits.json` (else `~/.cache/llm-serve/`), one entry per key: the CPU model (or CUDA
-device) name, torch version, thread count and dtype, since each of them moves the roofs. A cache
-that cannot be read is measured again; one that cannot be written is skipped.
+The server needs them at start-up (the engine's per-step roofline), so they live here, beside the
+roofline, and the benchmarks import them from here. `memory_bandwidth` and `gemm_flops` are
+best-of-N (a shared machine only ever slows a run down); `measured_limits` runs them at sizes
+small enough to finish in well under 2 s on a CPU (a 256 MiB read, past any last-level cache; a
+1024^3 matmul) and large enough to reach the roofs on a GPU (1 GiB, 8192^3). The result is kept
+in `$XDG_CACHE_HOME/llm-serve/machine_limits.json` (else `~/.cache/llm-serve/`), one entry per
+key: the CPU model (or CUDA device) name, torch version, thread count and dtype, since each of
+them moves the roofs. A cache that cannot be read is measured again; one that cannot be written
+is skipped.
 """
 from __future__ import annotations
 
@@ -13,15 +16,52 @@ import json
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
-from engine.bench.limits import gemm_flops, memory_bandwidth
 from engine.cpuinfo import cpuinfo_field
 from engine.roofline.machine import MachineLimits
 
 logger = logging.getLogger(__name__)
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def memory_bandwidth(device: torch.device, num_bytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes/s for one streaming read of a buffer far larger than any cache (a sum)."""
+    x = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+
+    def read():
+        x.sum()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return num_bytes / _best_seconds(read, repeats)
+
+
+def gemm_flops(dtype: torch.dtype, device: torch.device, m: int = 2048, k: int = 2048, n: int = 2048,
+               repeats: int = 5) -> float:
+    """FLOP/s of a large matmul in `dtype` (the compute roof for batched decode)."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
+
+    def mm():
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return 2 * m * k * n / _best_seconds(mm, repeats)
+
 
 # device type -> (bytes read, GEMM side, repeats)
 SIZES = {"cpu": (256 << 20, 1024, 3), "cuda": (1 << 30, 8192, 5)}
@@ -63,7 +103,9 @@ def measured_limits(device: torch.device, dtype: torch.dtype, cache_path: Path |
             return MachineLimits(float(entry["peak_flops"]), float(entry["bandwidth_bytes_per_s"]), str(entry["name"]))
         except (KeyError, TypeError, ValueError):
             pass  # a damaged entry: measure again
+    started = time.perf_counter()
     limits = measure(device, dtype)
+    logger.info("%s measured in %.2f s (cached in %s)", limits.describe(), time.perf_counter() - started, path)
     entries[key] = {"peak_flops": limits.peak_flops, "bandwidth_bytes_per_s": limits.bandwidth_bytes_per_s,
                     "name": limits.name}
     _write(path, entries)

@@ -12,7 +12,6 @@ empty dict.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,31 +24,13 @@ from engine.models.llama import CausalLM
 from engine.runner.buffers import CpuGpuBuffer
 from engine.runner.decode_graphs import DecodeGraphs
 from engine.runner.input_batch import InputBatch
+from engine.runner.model_inputs import ModelInputs
 from engine.runner.pending import PendingStep, ReadyStep, add_logprobs
 from engine.sample.sampler import Sampler
 from engine.sample.verify import accept_drafts
 from engine.structured.bitmask import apply_grammar_bitmask
 from engine.trace.tracer import RequestTracer, StepTrace
 from engine.utils import cdiv
-
-
-@dataclass
-class ModelInputs:
-    request_ids: list[str]  # the scheduled requests in batch order (request i: rows qsl[i]..qsl[i+1])
-    input_ids: torch.Tensor  # [num_tokens] int32
-    positions: torch.Tensor  # [num_tokens] int64
-    attention: StepInputs
-    logits_indices: torch.Tensor  # [num_logits] int64: the rows whose logits are sampled
-    sampled_request_ids: list[str]
-    sampled_rows: np.ndarray  # [num_logits] batch rows, in the order of logits_indices
-    sampled_rows_dev: torch.Tensor
-    # With drafts in the step: per sampled request its draft, and 1 + len(draft) logits rows
-    drafts: list[list[int]] | None = None
-    num_logits: np.ndarray | None = None
-    # Where the batch-invariant requests' rows start (they come last): in the flat batch and
-    # among the logits rows; None when no request in the step asks
-    invariant_token_start: int | None = None
-    invariant_logits_start: int | None = None
 
 
 class ModelRunner:

@@ -12,18 +12,16 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 
 from common.messages import EngineTrace, TraceChunk, TraceStep, TraceStop
 from engine.attention.base import AttentionBackend, StepInputs
 from engine.models.llama import CausalLM
+from engine.runner.model_inputs import ModelInputs
 from engine.trace.recorder import MODEL_LEVEL, StepRecording, stops_of_modules
 from engine.trace.stops import RequestRows, model_stops
-
-if TYPE_CHECKING:
-    from engine.runner.model_runner import ModelInputs
 
 Phase = Literal["chunk", "prefill", "decode"]
 

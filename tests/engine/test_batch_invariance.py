@@ -23,6 +23,8 @@ from engine.llm import LLM
 from engine.models.batch_invariance import TILE_ROWS, apply_in_tiles, probe_min_rows
 from engine.models.group_quantized import GroupQuantizedMethod
 
+pytestmark = pytest.mark.slow  # random batches of up to 32 requests, in two dtypes
+
 TOPICS = ["the sea", "a cat who reads maps", "coffee", "rain on a tin roof at night", "music", "old books",
           "trains crossing a bridge in winter", "the moon"]
 MAX_TOKENS = 10

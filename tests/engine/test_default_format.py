@@ -1,6 +1,6 @@
 """The default format (the GGUF's Q4_1 / Q8_0 codes, bfloat16 activations) against the dense paths.
 
-- Perplexity on the shipped text (`python -m engine.bench.perplexity`): the codes, and the codes
+- Perplexity on the shipped text (`python -m benchmarks.perplexity`): the codes, and the codes
   against int8 activations, within 1 % of the dense bfloat16 path's and of the exact float32
   model's; the int8 path that batches above the codes' crossover take within 1.5 % (it reads
   +1.0 %); the codes with float32 activations within 0.01 % of the float32 model (the same
@@ -18,13 +18,14 @@ from real_prompts import QUESTIONS
 from transformers import AutoModelForCausalLM
 
 from common.messages import SamplingParams
-from engine.bench.perplexity import perplexity
+from benchmarks.perplexity import perplexity
 from engine.llm import LLM
 from engine.models.group_quantized import GroupQuantizedMethod
 from engine.models.native_decode import NativeDecodeLayers
 from engine.native import kernels
 
-pytestmark = pytest.mark.skipif(kernels() is None, reason="the native CPU kernels could not be built here")
+pytestmark = [pytest.mark.skipif(kernels() is None, reason="the native CPU kernels could not be built here"),
+              pytest.mark.slow]  # perplexity over the shipped text, several formats
 
 NEAR_TIE = 0.15
 CODES_ROWS = 8  # decode rows that run on the codes in the greedy test (every row of its batch)

@@ -18,8 +18,23 @@ from engine.llm_engine import LLMEngine
 from common.messages import AbortRequest, EngineOutputs, EngineRequest, FromEngine, SamplingParams
 
 
+class ManualClock:
+    """The loop's clock in seconds, moved only by the test: when stats are due depends on the
+    steps and the moves, never on how fast this machine runs them."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @contextmanager
-def engine_loop(model_dir: str) -> Iterator[tuple[LLMEngine, Channel, Callable[[int], list[EngineOutputs]]]]:
+def engine_loop(model_dir: str, clock: Callable[[], float] = time.monotonic
+                ) -> Iterator[tuple[LLMEngine, Channel, Callable[[int], list[EngineOutputs]]]]:
     """(engine, the channel into its loop, run(steps) -> the outputs those steps sent)."""
     paths = IpcPaths.create()
     ctx = zmq.Context()
@@ -29,7 +44,7 @@ def engine_loop(model_dir: str) -> Iterator[tuple[LLMEngine, Channel, Callable[[
         to_engine = Channel(open_socket(ctx, zmq.PUSH, paths.to_engine, bind=False))
         engine = LLMEngine(EngineConfig(model=model_dir, dtype="float32", device="cpu", max_model_len=64,
                                         kv_cache_memory=1 << 20))
-        loop = EngineLoop(engine, inbox, Channel(open_socket(ctx, zmq.PUSH, paths.from_engine, bind=False)))
+        loop = EngineLoop(engine, inbox, Channel(open_socket(ctx, zmq.PUSH, paths.from_engine, bind=False)), clock)
         decoder = msgspec.msgpack.Decoder(FromEngine)
 
         def run(steps: int) -> list[EngineOutputs]:
@@ -72,25 +87,25 @@ def test_engine_loop(tiny_llama_dir):
         assert not engine.has_unfinished()
 
 
-def test_busy_engine_sends_stats_at_most_every_interval(tiny_llama_dir, monkeypatch):
-    interval = 0.5
-    monkeypatch.setattr(engine_process, "STATS_INTERVAL_S", interval)
-    with engine_loop(tiny_llama_dir) as (engine, to_engine, run):
+def test_busy_engine_sends_stats_at_most_every_interval(tiny_llama_dir):
+    interval = engine_process.STATS_INTERVAL_S
+    clock = ManualClock()
+    with engine_loop(tiny_llama_dir, clock) as (engine, to_engine, run):
         params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
         to_engine.send(EngineRequest("a", [5, 6, 7], params))
-        started = time.monotonic()
         first = run(1)
         assert first[-1].stats is not None and first[-1].stats.num_running == 1  # the first step's: due at once
 
         to_engine.send(EngineRequest("b", [7, 6, 5], params))
+        clock.advance(interval * 0.9)  # three steps inside the interval: tokens go out, stats wait
         quick = run(3)
-        assert time.monotonic() - started < interval, "the tiny model's steps are milliseconds"
         assert all(out.stats is None for out in quick) and all(out.deltas for out in quick)
 
-        time.sleep(interval)
+        clock.advance(interval * 0.2)  # past the interval since the first step's stats
         due = run(1)[-1].stats
         assert due is not None and due.num_running == 2
         assert len(due.queue_times) == 1  # b's, kept from the step that admitted it
+        assert all(out.stats is None for out in run(2))  # the interval starts again from that look
 
         to_engine.send(AbortRequest(["a", "b"]))
         idle = run(1)[-1].stats  # out of work: sent at once, inside the interval

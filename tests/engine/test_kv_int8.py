@@ -127,8 +127,9 @@ def test_int8_rows_are_head_dim_plus_their_scale_and_only_the_torch_backend_take
 
 
 @needs_native
+@pytest.mark.slow
 def test_perplexity_with_the_int8_cache_is_within_one_percent_of_the_bf16_cache():
-    from engine.bench.perplexity import build_engine, engine_perplexity
+    from benchmarks.perplexity import build_engine, engine_perplexity
 
     window, tokens = 256, 256
     figures = {}

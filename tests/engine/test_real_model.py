@@ -9,6 +9,8 @@ from transformers import AutoModelForCausalLM
 from engine.llm import LLM
 from common.messages import SamplingParams
 
+pytestmark = pytest.mark.slow  # the real model against transformers.generate
+
 
 
 @pytest.fixture(scope="module")

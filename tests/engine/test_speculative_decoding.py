@@ -10,9 +10,11 @@ import pytest
 from common.engine_config import EngineConfig
 from common.messages import SamplingParams
 from common.speculative_config import SpeculativeConfig
-from engine.bench.grounded import grounded_messages
+from benchmarks.grounded import grounded_messages
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
+
+pytestmark = pytest.mark.slow  # thousands of sampled draws, and the real model
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
         "disable_by_batch_size": 16}

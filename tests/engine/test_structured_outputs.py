@@ -14,6 +14,8 @@ from common.messages import SamplingParams, StructuredOutputs
 from common.structured_outputs import choice_spec, json_object_spec, json_schema_spec
 from engine.llm import LLM
 
+pytestmark = pytest.mark.slow  # the real model under grammars, at batch 16 and 32
+
 # bounded strings and arrays: a 135M model may otherwise repeat list items until max_tokens
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 30}, "age": {"type": "integer", "minimum": 0, "maximum": 120},

@@ -120,10 +120,10 @@ def test_request_rate_dataset_and_max_requests(fast_a, tmp_path):
 def test_max_duration_stops_and_keeps_partial_results(tmp_path):
     slow = start_in_thread(FakeServerConfig(ttft_s=0.01, itl_s=0.05))
     try:
-        t0 = time.monotonic()
+        # 50 requests of ten 50 ms tokens two at a time need 13 s; the run stops by its own clock
+        # (stopped_reason) with some done and the two in flight aborted, whatever this machine's pace
         rc = main(["--base-url", slow.base_url, "--num-prompts", "50", "--concurrency", "2", "--output-len", "10",
                    "--warmup", "0", "--max-duration", "1.5", "--output-dir", str(tmp_path)])  # fmt: skip
-        assert time.monotonic() - t0 < 10
     finally:
         slow.stop()
     doc = read(tmp_path)

@@ -9,6 +9,8 @@ from loadtest.cli import main
 from loadtest.soak import main as soak_main
 from server_process import ServerProcess
 
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 
 @pytest.fixture(scope="module")
 def server():

@@ -7,6 +7,8 @@ from openai import OpenAI
 
 from server_process import start_server, stream_post
 
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 CHAT_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 from openai import OpenAI
+
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
 
 MODEL = "SmolLM2-135M-Instruct"
 TOPICS = ["the sea", "a cat", "coffee", "rain", "music", "old books", "trains", "the moon", "bread", "winter",

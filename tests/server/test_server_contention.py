@@ -1,10 +1,12 @@
 """The disconnect storm and the SIGTERM drain while other processes keep every core busy.
 
-A CPU hog per core (tests/server/cpu_hog.py, bounded in time) runs at the server's priority, so
+A CPU hog per core (tests/server/cpu_hog.py, running until the test ends) at the server's priority, so
 the server, the tokenizer worker and the engine get a fraction of the machine and each engine
 step takes several times longer than alone. Both must still hold: every stream that stays ends
 with its finish chunk and [DONE], the engine is idle once the storm is over, and the drain ends
-by its deadline (the requests left get a 503 that says why) with exit status 0.
+by its deadline (the requests left get a 503 that says why) with exit status 0. Nothing here is
+timed: that the hogs competed is their CPU time counted, and that the drain ended at its deadline
+is the reason the server gives the requests it cut.
 """
 from __future__ import annotations
 
@@ -15,11 +17,12 @@ import time
 import httpx
 import pytest
 
-from cpu_hog import cpu_hogs, still_running
+from cpu_hog import competed, cpu_hogs, cpu_ticks
 from server_process import health_once_not_ok, parse_sse, start_server
 
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 DRAIN_TIMEOUT_S = 20
-HOG_S = 150  # longer than either test needs; the hogs are killed when a test ends
 STORM_CLIENTS, STORM_KEPT, KEPT_TOKENS = 32, 8, 12
 PROMPT = [{"role": "user", "content": "Write a long story about a dragon."}]
 LONG = {"messages": PROMPT, "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
@@ -65,11 +68,10 @@ def test_disconnect_storm_under_cpu_contention(server):
             keep = [i % (STORM_CLIENTS // STORM_KEPT) == 0 for i in range(STORM_CLIENTS)]
             return await asyncio.gather(*(_storm_client(http, url, k) for k in keep))
 
-    with cpu_hogs(HOG_S) as hogs:
-        started = time.monotonic()
+    with cpu_hogs() as hogs:
+        ticks = [cpu_ticks(hog) for hog in hogs]
         results = asyncio.run(storm())
-        elapsed = time.monotonic() - started
-        assert still_running(hogs), "the hogs ended before the storm: no contention was tested"
+        assert competed(hogs, ticks), "the hogs did not run through the storm: no contention was tested"
     kept = [parse_sse(r) for r in results if isinstance(r, bytes)]
     dropped = [r for r in results if not isinstance(r, bytes)]
     assert len(kept) == STORM_KEPT and dropped == [2] * (STORM_CLIENTS - STORM_KEPT)
@@ -82,7 +84,7 @@ def test_disconnect_storm_under_cpu_contention(server):
     deadline = time.monotonic() + 30
     while (idle := gauges(server.url)) and any(idle.values()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(idle.values()), f"engine not idle after the storm ({elapsed:.0f} s): {idle}"
+    assert not any(idle.values()), f"engine not idle after the storm: {idle}"
 
 
 def test_sigterm_drain_under_cpu_contention_ends_by_its_deadline(server):
@@ -101,18 +103,17 @@ def test_sigterm_drain_under_cpu_contention_ends_by_its_deadline(server):
                 long_read = [await _first_text(long_lines)]
                 short_read = [await _first_text(short_lines)]
                 server.proc.send_signal(signal.SIGTERM)
-                signalled = time.monotonic()
                 short_read += [line async for line in short_lines]
                 await health_once_not_ok(http, server.url, timeout_s=10)  # the signal handled
                 refused = await http.post(url, json={**LONG, "max_tokens": 2})
                 long_read += [line async for line in long_lines]
-            return signalled, short_read, long_read, refused, await non_streaming
+            return short_read, long_read, refused, await non_streaming
 
-    with cpu_hogs(HOG_S) as hogs:
-        signalled, short_read, long_read, refused, non_streaming = asyncio.run(run())
-        exit_code = server.wait_exit(timeout=DRAIN_TIMEOUT_S + 30)
-        stopped_after = time.monotonic() - signalled
-        assert still_running(hogs), "the hogs ended before the drain: no contention was tested"
+    with cpu_hogs() as hogs:
+        ticks = [cpu_ticks(hog) for hog in hogs]
+        short_read, long_read, refused, non_streaming = asyncio.run(run())
+        exit_code = server.wait_exit(timeout=DRAIN_TIMEOUT_S + 120)  # a bound for a hung server, not a measurement
+        assert competed(hogs, ticks), "the hogs did not run through the drain: no contention was tested"
     short = parse_sse(("\n".join(short_read) + "\n").encode())
     assert short[-1]["choices"][0]["finish_reason"] == "length"
     long = parse_sse(("\n".join(long_read) + "\n").encode())
@@ -124,7 +125,6 @@ def test_sigterm_drain_under_cpu_contention_ends_by_its_deadline(server):
     assert non_streaming.headers["retry-after"].isdigit()
     assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
     assert exit_code == 0
-    assert DRAIN_TIMEOUT_S - 1 < stopped_after < DRAIN_TIMEOUT_S + 30, stopped_after
 
 
 async def _first_text(lines) -> str:

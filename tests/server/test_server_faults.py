@@ -11,6 +11,8 @@ import pytest
 
 from server_process import health_once_not_ok, parse_sse, start_server
 
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 KEY = "sk-test-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LONG = {"messages": [{"role": "user", "content": "Write a long story about a dragon."}], "max_tokens": 1000,

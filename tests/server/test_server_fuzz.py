@@ -23,6 +23,8 @@ import pytest
 
 from server_process import start_server
 
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 MAX_EXAMPLES = 50
 SEED = 12  # fixed, so the suite is reproducible; another seed explores other inputs
 FUZZ_TIMEOUT_S = 300
@@ -69,6 +71,7 @@ def server(tmp_path_factory):
     s.stop()
 
 
+@pytest.mark.timeout(FUZZ_TIMEOUT_S + 300)  # the fuzzer's own limit, and the server's start
 def test_fuzz_every_operation(server, tmp_path):
     """`schemathesis run` (its own runner: the examples, coverage and fuzzing phases) on every
     operation of the document; it exits non-zero on the first kind of failure of any check."""

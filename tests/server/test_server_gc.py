@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 FROZEN = re.compile(r" (\S+) common\.gc_heap: garbage collector: (\d+) start-up objects frozen")
 
 

@@ -12,9 +12,11 @@ import pytest
 from openai import OpenAI
 
 from common.messages import SamplingParams
-from engine.bench.grounded import grounded_messages
+from benchmarks.grounded import grounded_messages
 from engine.llm import LLM
 from server_process import REPO, start_server
+
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
 
 MODEL = "SmolLM2-135M-Instruct"
 

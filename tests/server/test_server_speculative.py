@@ -11,9 +11,11 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.messages import SamplingParams
-from engine.bench.grounded import grounded_messages
+from benchmarks.grounded import grounded_messages
 from engine.llm import LLM
 from server_process import start_server
+
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.ipc import IpcPaths
@@ -13,6 +14,8 @@ from server.config import parse_args
 from server.metrics import ServerMetrics
 from server.worker_client import WorkerClient
 from server_process import stream_post
+
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
 
 MODEL = "SmolLM2-135M-Instruct"
 COUNTER = "llm:detokenize_mismatch_total"

@@ -10,6 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from server_process import parse_sse, start_server, stream_post
 
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 REPLACEMENT_CHAR = "\ufffd"
 
 

@@ -14,6 +14,8 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 MODEL = "SmolLM2-135M-Instruct"
 ASK = [{"role": "user", "content": "Describe a fictional person: name, age, favourite color, hobbies and address."}]
 

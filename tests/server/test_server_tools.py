@@ -10,6 +10,8 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 MODEL = "SmolLM2-135M-Instruct"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
                                             "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},

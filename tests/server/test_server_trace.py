@@ -10,6 +10,8 @@ from openai import OpenAI
 
 from server_process import start_server, stream_post
 
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 MODEL = "SmolLM2-135M-Instruct"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 # SmolLM2-135M: hidden 576, 9 heads and 3 KV heads of 64, MLP 1536, vocabulary 49152

@@ -1,1 +1,0 @@
-"""Benchmarks of the engine against transformers, and the machine limits they are read against."""
