@@ -15,7 +15,10 @@ ARG PIP_FIND_LINKS
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
-RUN python3 -m venv /opt/venv
+# g++ compiles the native CPU kernels (every ISA tier, so the image runs fast on any x86-64 CPU);
+# only this stage has it: the runtime stage gets the built modules in the venv.
+RUN apt-get update && apt-get install -y --no-install-recommends g++=4:12.2.0-3 && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/venv
 WORKDIR /src
 # The same pinned files and flags as `make install`, so the image ships what the tests ran.
 COPY requirements.txt requirements-model.txt ./
@@ -26,14 +29,17 @@ RUN pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} -r requ
 COPY common/ common/
 ENV LLM_MODEL_CACHE=/opt/llm-serve/models
 RUN python -c "from common.default_model import ensure_default_model; print(ensure_default_model())"
-# Our packages into the venv, --no-deps like `make install` (there editable): everything they
-# need is pinned above. The runtime stage then needs no source tree and no PYTHONPATH.
-COPY pyproject.toml ./
+# Our packages into the venv, --no-deps like `make install` (there editable), with the native
+# kernels compiled against the torch installed above (--no-build-isolation: the modules must match
+# it): everything they need is pinned above. The runtime stage then needs no source tree, no
+# PYTHONPATH and no compiler.
+COPY pyproject.toml setup.py ./
 COPY engine/ engine/
 COPY tokenizer_worker/ tokenizer_worker/
 COPY server/ server/
 COPY loadtest/ loadtest/
-RUN pip install --no-deps .
+RUN pip install --no-deps --no-build-isolation . \
+    && python -c "from engine.native import load_tier, tiers; [load_tier(t) for t in tiers.buildable()]"
 
 # Runtime: the venv (our code installed in it) and the converted model; no pip cache, no build context.
 FROM ${BASE_IMAGE}

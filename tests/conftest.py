@@ -14,6 +14,7 @@ import importlib  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from device_under_test import TEST_DEVICE  # noqa: E402
+from native_tiers import BUILDABLE_TIERS, tier_module  # noqa: E402
 
 
 def _save_tiny(tmp_path_factory, name: str, config) -> str:
@@ -79,3 +80,11 @@ def triton_kernels():
     if TEST_DEVICE == "cpu":
         assert os.environ.get("TRITON_INTERPRET") == "1", "Triton's interpreter must be on before triton is imported"
     return importlib.import_module("engine.attention.triton_kernels")
+
+
+
+@pytest.fixture(params=[pytest.param(name, id=name) for name in BUILDABLE_TIERS])
+def native_tier(request):
+    """Every native kernel tier this machine's compiler targets, each a test of its own
+    (native_tiers.tier_module: skipped where the CPU lacks the tier's flags)."""
+    return tier_module(request.param)

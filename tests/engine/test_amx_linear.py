@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from engine.models.gguf_codes import GroupCodes
-from engine.native import kernels
 
-native = kernels()
-pytestmark = pytest.mark.skipif(native is None or not native.amx_linear_available(),
-                                reason="the AMX kernel needs the native kernels and a CPU with AMX-BF16")
+
+@pytest.fixture
+def native(native_tier):
+    if not native_tier.amx_linear_available():
+        pytest.skip(f"the {native_tier.tier} tier has no AMX tiles, or this process may not use them")
+    return native_tier
 
 
 def _codes(fmt: str, outputs: int, inputs: int, seed: int) -> GroupCodes:
@@ -30,28 +32,28 @@ def _codes(fmt: str, outputs: int, inputs: int, seed: int) -> GroupCodes:
     return GroupCodes("q4_1", packed.contiguous(), scales, mins)
 
 
-def _run(x: torch.Tensor, codes: GroupCodes, float32_out: bool) -> torch.Tensor:
+def _run(native, x: torch.Tensor, codes: GroupCodes, float32_out: bool) -> torch.Tensor:
     return native.amx_linear(x, *codes.amx_tiles(), codes.format, float32_out)
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
-def test_the_weights_are_the_dense_bf16_ones_exactly(fmt):
+def test_the_weights_are_the_dense_bf16_ones_exactly(native, fmt):
     codes = _codes(fmt, 64, 96, 1)
     eye = torch.eye(96, dtype=torch.bfloat16)  # row k picks input k: out[k, n] = w[n, k]
-    assert torch.equal(_run(eye, codes, True), codes.dequantize().bfloat16().float().t())
+    assert torch.equal(_run(native, eye, codes, True), codes.dequantize().bfloat16().float().t())
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("rows", [1, 5, 16, 17, 32, 33, 70])  # tiles of 16 rows, chunks of 32, remainders
 @pytest.mark.parametrize("inputs,outputs", [(64, 32), (576, 960), (1536, 576)])
-def test_amx_linear_matches_the_dense_weights(fmt, rows, inputs, outputs):
+def test_amx_linear_matches_the_dense_weights(native, fmt, rows, inputs, outputs):
     codes = _codes(fmt, outputs, inputs, rows * 1000 + outputs)
     x = torch.randn(rows, inputs, generator=torch.Generator().manual_seed(rows)).bfloat16()
     expected = (x.double() @ codes.dequantize().bfloat16().double().t()).float()
-    out32 = _run(x, codes, True)
+    out32 = _run(native, x, codes, True)
     assert out32.dtype == torch.float32 and out32.shape == (rows, outputs)
     torch.testing.assert_close(out32, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
-    out = _run(x, codes, False)
+    out = _run(native, x, codes, False)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, out32.bfloat16(), rtol=0, atol=0)
 
@@ -59,21 +61,21 @@ def test_amx_linear_matches_the_dense_weights(fmt, rows, inputs, outputs):
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("rows", [1, 17, 32, 33, 70])
 @pytest.mark.parametrize("inputs,width", [(64, 16), (576, 1536)])
-def test_silu_mul_in_the_same_pass_is_bitwise_the_two_kernels(fmt, rows, inputs, width):
+def test_silu_mul_in_the_same_pass_is_bitwise_the_two_kernels(native, fmt, rows, inputs, width):
     """amx_linear_silu_mul = silu_and_mul(amx_linear(x)) for the codes of [gate | up] (2 * width outputs)."""
     codes = _codes(fmt, 2 * width, inputs, rows + width)
     x = (3 * torch.randn(rows, inputs, generator=torch.Generator().manual_seed(rows))).bfloat16()
     fused = native.amx_linear_silu_mul(x, *codes.amx_tiles(), codes.format)
     assert fused.dtype == torch.bfloat16 and fused.shape == (rows, width)
-    assert torch.equal(fused, native.silu_and_mul(_run(x, codes, False)))
+    assert torch.equal(fused, native.silu_and_mul(_run(native, x, codes, False)))
 
 
-def test_a_row_does_not_depend_on_the_batch():
+def test_a_row_does_not_depend_on_the_batch(native):
     codes = _codes("q4_1", 96, 576, 7)
     x = torch.randn(40, 576, generator=torch.Generator().manual_seed(7)).bfloat16()
-    batch = _run(x, codes, True)
+    batch = _run(native, x, codes, True)
     for r in (0, 15, 16, 31, 32, 39):
-        assert torch.equal(_run(x[r:r + 1], codes, True)[0], batch[r])
+        assert torch.equal(_run(native, x[r:r + 1], codes, True)[0], batch[r])
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
@@ -93,9 +95,9 @@ def test_the_tiles_hold_every_code_once(fmt):
     assert torch.equal(rows.transpose(1, 2).reshape(32, 2, 32), values)
 
 
-def test_inputs_the_kernel_refuses():
+def test_inputs_the_kernel_refuses(native):
     codes = _codes("q4_1", 32, 64, 5)
     with pytest.raises(RuntimeError, match="bf16"):
-        _run(torch.randn(2, 64), codes, False)  # float32
+        _run(native, torch.randn(2, 64), codes, False)  # float32
     with pytest.raises(RuntimeError, match="do not match"):
-        _run(torch.randn(2, 96).bfloat16(), codes, False)
+        _run(native, torch.randn(2, 96).bfloat16(), codes, False)

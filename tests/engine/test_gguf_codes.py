@@ -20,10 +20,11 @@ from safetensors.torch import load_file
 
 from common.default_model import ensure_default_model, find_gguf
 from engine.models.gguf_codes import GroupCodes, read_group_codes
-from engine.native import kernels
 
-native = kernels()
-pytestmark = pytest.mark.skipif(native is None, reason="the native CPU kernels could not be built here")
+
+@pytest.fixture
+def native(native_tier):
+    return native_tier
 
 
 @pytest.fixture(scope="module")
@@ -52,21 +53,21 @@ def _random_codes(fmt: str, out: int, inputs: int, seed: int) -> GroupCodes:
     return GroupCodes(fmt, torch.randint(0, 256, (out, inputs // 2), generator=g, dtype=torch.uint8), scales, mins)
 
 
-def _run(codes: GroupCodes, x: torch.Tensor, float32_out: bool) -> torch.Tensor:
+def _run(native, codes: GroupCodes, x: torch.Tensor, float32_out: bool) -> torch.Tensor:
     return native.quant_linear(x, *codes.panels(), codes.format, float32_out)
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("out,inputs", [(64, 128), (40, 576), (24, 1536)])
-def test_quant_linear_matches_float64(fmt, dtype, tol, out, inputs):
+def test_quant_linear_matches_float64(native, fmt, dtype, tol, out, inputs):
     codes = _random_codes(fmt, out, inputs, seed=out + inputs)
     weight = codes.dequantize().double()
     for rows in (1, 2, 3, 8, 19):
         x = torch.randn(rows, inputs, generator=torch.Generator().manual_seed(rows)).to(dtype)
         ref = x.double() @ weight.T
         for float32_out in (True, False):
-            got = _run(codes, x, float32_out)
+            got = _run(native, codes, x, float32_out)
             assert got.dtype == (torch.float32 if float32_out else dtype) and got.shape == (rows, out)
             err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
             assert err < tol, (rows, float32_out, err)
@@ -89,15 +90,15 @@ def test_q4_words_hold_each_code_where_the_layout_says():
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_quant_linear_rows_do_not_depend_on_the_batch(fmt, dtype):
+def test_quant_linear_rows_do_not_depend_on_the_batch(native, fmt, dtype):
     codes = _random_codes(fmt, 48, 192, seed=3)
     x = torch.randn(13, 192, generator=torch.Generator().manual_seed(4)).to(dtype)
-    whole = _run(codes, x, True)
+    whole = _run(native, codes, x, True)
     for start, stop in ((0, 1), (5, 6), (3, 7), (12, 13), (2, 11)):
-        assert torch.equal(_run(codes, x[start:stop].clone(), True), whole[start:stop])
+        assert torch.equal(_run(native, codes, x[start:stop].clone(), True), whole[start:stop])
 
 
-def test_quant_linear_refuses_bad_shapes():
+def test_quant_linear_refuses_bad_shapes(native):
     # Q4_1 steps hold two groups: an odd number of groups (or outputs off the 8-row panels) stays dense
     assert not _random_codes("q4_1", 16, 96, seed=5).panel_ready and _random_codes("q8_0", 16, 96, seed=5).panel_ready
     assert not _random_codes("q8_0", 12, 64, seed=5).panel_ready

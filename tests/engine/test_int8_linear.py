@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from engine.models.int8_linear import GROUP, pack_int8, unpack_int8
-from engine.native import kernels
 
-native = kernels()
-pytestmark = pytest.mark.skipif(native is None or not native.int8_linear_available(),
-                                reason="the int8 kernel needs the native kernels and AVX512-VNNI")
+
+@pytest.fixture
+def native(native_tier):
+    if not native_tier.int8_linear_available():
+        pytest.skip(f"the {native_tier.tier} tier has no int8 dot product (the scalar tier)")
+    return native_tier
 
 
 def _reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -32,7 +34,7 @@ def _reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> to
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 11, 32])
 @pytest.mark.parametrize("inputs,outputs", [(64, 16), (192, 80), (576, 960)])  # 80: a tile of 3 vectors and one of 2
-def test_int8_linear_matches_the_reference(dtype, rows, inputs, outputs):
+def test_int8_linear_matches_the_reference(native, dtype, rows, inputs, outputs):
     g = torch.Generator().manual_seed(rows * 1000 + outputs)
     x = torch.randn(rows, inputs, generator=g).to(dtype)
     x[0, :GROUP] = 0  # a group of zeros: scale 0, no division by it
@@ -49,7 +51,7 @@ def test_int8_linear_matches_the_reference(dtype, rows, inputs, outputs):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 32, 70])  # tiles of 4 rows, and every remainder
 @pytest.mark.parametrize("inputs,width", [(64, 16), (128, 48), (576, 1536)])  # 48: a tile of one pair
-def test_silu_mul_in_the_same_pass_is_bitwise_the_two_kernels(dtype, rows, inputs, width):
+def test_silu_mul_in_the_same_pass_is_bitwise_the_two_kernels(native, dtype, rows, inputs, width):
     """int8_linear_silu_mul = silu_and_mul(int8_linear(x)) for weights of [gate | up] (2 * width outputs)."""
     g = torch.Generator().manual_seed(rows * 100 + width)
     x = (3 * torch.randn(rows, inputs, generator=g)).to(dtype)
@@ -59,13 +61,13 @@ def test_silu_mul_in_the_same_pass_is_bitwise_the_two_kernels(dtype, rows, input
     assert torch.equal(fused, native.silu_and_mul(native.int8_linear(x, codes, scales, False)))
 
 
-def test_silu_mul_refuses_an_odd_number_of_weight_vectors():
+def test_silu_mul_refuses_an_odd_number_of_weight_vectors(native):
     codes, scales = pack_int8(torch.randn(48, 64))  # 3 vectors of 16: no [gate | up] halves of whole vectors
     with pytest.raises(RuntimeError, match="even"):
         native.int8_linear_silu_mul(torch.randn(2, 64), codes, scales)
 
 
-def test_a_row_does_not_depend_on_the_batch():
+def test_a_row_does_not_depend_on_the_batch(native):
     g = torch.Generator().manual_seed(7)
     x = torch.randn(9, 576, generator=g).bfloat16()
     codes, scales = pack_int8(torch.randn(96, 576, generator=g))
@@ -74,7 +76,7 @@ def test_a_row_does_not_depend_on_the_batch():
         assert torch.equal(native.int8_linear(x[r:r + 1], codes, scales, True)[0], batch[r])
 
 
-def test_calls_of_other_sizes_in_between_change_nothing():
+def test_calls_of_other_sizes_in_between_change_nothing(native):
     # the kernel keeps its quantized activations' buffers between calls: a large call, then a
     # small one, then both again on other thread counts, each as it is alone
     g = torch.Generator().manual_seed(11)
@@ -104,7 +106,7 @@ def test_packing_keeps_each_output_within_half_a_step():
     assert (err <= scales[:, None] / 2 * (1 + 1e-5)).all()
 
 
-def test_bad_shapes_are_refused():
+def test_bad_shapes_are_refused(native):
     codes, scales = pack_int8(torch.randn(16, 64))
     with pytest.raises(RuntimeError, match="in/4"):
         native.int8_linear(torch.randn(2, 96), codes, scales, False)

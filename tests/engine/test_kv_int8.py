@@ -21,10 +21,11 @@ import torch
 from engine.attention import create_backend
 from engine.attention.kv_int8 import SCALE_BYTES, dequantize_rows, quantize_rows
 from engine.attention.torch_paged import TorchPagedBackend, TorchPagedMetadata, write_kv
-from engine.native import kernels
 
-native = kernels()
-needs_native = pytest.mark.skipif(native is None, reason="the native CPU kernels could not be built here")
+
+@pytest.fixture
+def native(native_tier):
+    return native_tier
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -43,10 +44,9 @@ def test_codec_rounds_each_element_by_at_most_half_a_step(dtype):
     assert dequantize_rows(rows, dtype).dtype == dtype
 
 
-@needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 2, 128)])
-def test_native_kv_write_into_int8_caches_equals_the_torch_path(dtype, heads, kv_heads, head_dim):
+def test_native_kv_write_into_int8_caches_equals_the_torch_path(native, dtype, heads, kv_heads, head_dim):
     from engine.models.layers import RotaryEmbedding, apply_rope
 
     g = torch.Generator().manual_seed(heads + head_dim)
@@ -90,10 +90,9 @@ def _torch_one_query_path(q, k_cache, v_cache, tables, seq_lens, scale):
     return backend._single_query_attention(q, k_cache, v_cache, meta, scale)
 
 
-@needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_kv_heads,group,head_dim,block_size", [(3, 3, 64, 16), (2, 4, 128, 16), (4, 1, 48, 32)])
-def test_decode_attention_over_int8_caches(dtype, num_kv_heads, group, head_dim, block_size):
+def test_decode_attention_over_int8_caches(native, dtype, num_kv_heads, group, head_dim, block_size):
     lens = [1, 7, block_size, 200, 513, 64]
     q, k_cache, v_cache, tables, seq_lens = _int8_case(dtype, num_kv_heads, group, head_dim, block_size, lens)
     scale = head_dim ** -0.5
@@ -126,7 +125,6 @@ def test_int8_rows_are_head_dim_plus_their_scale_and_only_the_torch_backend_take
         create_backend("triton-paged", 9, 3, 64, 16, None, torch.int8)
 
 
-@needs_native
 @pytest.mark.slow
 def test_perplexity_with_the_int8_cache_is_within_one_percent_of_the_bf16_cache():
     from benchmarks.perplexity import build_engine, engine_perplexity

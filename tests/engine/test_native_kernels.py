@@ -14,10 +14,11 @@ import torch
 
 from engine.attention.torch_paged import TorchPagedBackend, TorchPagedMetadata
 from engine.models.layers import RMSNorm
-from engine.native import kernels
 
-native = kernels()
-pytestmark = pytest.mark.skipif(native is None, reason="the native CPU kernels could not be built here")
+
+@pytest.fixture
+def native(native_tier):
+    return native_tier
 
 
 def _case(dtype, num_kv_heads, group, head_dim, block_size, lens, seed=0):
@@ -54,7 +55,7 @@ def _float64(q, k_cache, v_cache, tables, seq_lens, scale):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_kv_heads,group,head_dim,block_size", [(3, 3, 64, 16), (2, 4, 128, 16), (4, 1, 64, 32)])
-def test_paged_decode_attention_matches_the_torch_path(dtype, num_kv_heads, group, head_dim, block_size):
+def test_paged_decode_attention_matches_the_torch_path(native, dtype, num_kv_heads, group, head_dim, block_size):
     lens = [1, 7, block_size, 200, 513, 1500, 64]
     q, k_cache, v_cache, tables, seq_lens = _case(dtype, num_kv_heads, group, head_dim, block_size, lens)
     scale = head_dim ** -0.5
@@ -69,7 +70,7 @@ def test_paged_decode_attention_matches_the_torch_path(dtype, num_kv_heads, grou
     assert relative_exact < tolerance, f"against float64: {relative_exact:.2e}"
 
 
-def test_a_row_does_not_depend_on_the_batch():
+def test_a_row_does_not_depend_on_the_batch(native):
     """Each (sequence, kv head, key range) is computed on its own, so a row is bitwise the same
     alone and among others."""
     q, k_cache, v_cache, tables, seq_lens = _case(torch.bfloat16, 3, 3, 64, 16, [700, 5, 300, 1200])
@@ -80,7 +81,7 @@ def test_a_row_does_not_depend_on_the_batch():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_thread_gives_the_threads_result(dtype):
+def test_one_thread_gives_the_threads_result(native, dtype):
     """One thread runs every work item inline (the parallel loop's single chunk of everything)."""
     q, k_cache, v_cache, tables, seq_lens = _case(dtype, 3, 3, 64, 16, [700, 5, 300, 1200])
     threaded = native.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125)
@@ -95,7 +96,7 @@ def test_one_thread_gives_the_threads_result(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_residual", [True, False])
-def test_fused_add_rms_norm_matches_the_torch_path(dtype, with_residual):
+def test_fused_add_rms_norm_matches_the_torch_path(native, dtype, with_residual):
     g = torch.Generator().manual_seed(1)
     norm = RMSNorm(576, 1e-5)
     norm.weight.data = (1 + 0.1 * torch.randn(576, generator=g))
@@ -116,7 +117,7 @@ def test_fused_add_rms_norm_matches_the_torch_path(dtype, with_residual):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 2, 128)])
-def test_rope_write_kv_matches_the_torch_path(dtype, heads, kv_heads, head_dim):
+def test_rope_write_kv_matches_the_torch_path(native, dtype, heads, kv_heads, head_dim):
     """RoPE on q and k of strided views of a fused qkv row, and the K/V cache write, against
     apply_rope + write_kv: bitwise equal (the same rounding points), and only the step's slots
     of the caches change."""
@@ -141,7 +142,7 @@ def test_rope_write_kv_matches_the_torch_path(dtype, heads, kv_heads, head_dim):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_and_mul_matches_the_torch_path(dtype):
+def test_silu_and_mul_matches_the_torch_path(native, dtype):
     """Against F.silu(gate) * up: float32 within 1e-6 relative (the exp differs in its last bits),
     bfloat16 equal except where such a bit moves a rounding (at most 1 in 1000 elements, one
     bfloat16 step)."""
@@ -171,7 +172,7 @@ def _test_distributions(rows: int, vocab: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("vocab", [50, 1000, 49152, 151936])
-def test_inverse_cdf_draws_inside_the_token_slice(vocab):
+def test_inverse_cdf_draws_inside_the_token_slice(native, vocab):
     """The native draw against the torch path's on the same uniforms: each token holds u x total in
     its own slice of the float64 cumulative distribution (up to float32 rounding), never a
     zero-probability token, and the same token as the torch path's but at slice edges."""
@@ -192,7 +193,7 @@ def test_inverse_cdf_draws_inside_the_token_slice(vocab):
 
 
 @pytest.mark.parametrize("vocab", [50, 49152])
-def test_nucleus_ok_matches_the_torch_path(vocab):
+def test_nucleus_ok_matches_the_torch_path(native, vocab):
     """top-p and min-p acceptance of drawn tokens, ties ranked by id: the torch path's answers."""
     from engine.sample.filters import _inside
 
@@ -210,7 +211,7 @@ def test_nucleus_ok_matches_the_torch_path(vocab):
 
 
 @pytest.mark.parametrize("vocab", [1, 17, 1000, 49152])
-def test_argmax_rows_is_torch_argmax(vocab):
+def test_argmax_rows_is_torch_argmax(native, vocab):
     """The greedy choice: torch.argmax's index on every row, ties to the first, a NaN first."""
     g = torch.Generator().manual_seed(vocab)
     logits = torch.randn(40, vocab, generator=g) * 4

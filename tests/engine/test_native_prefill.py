@@ -16,11 +16,13 @@ import torch
 
 from engine.attention.base import StepInputs
 from engine.attention.torch_paged import TorchPagedBackend, _chunk_attention, gather_blocks
-from engine.native import kernels
 
-native = kernels()
-pytestmark = pytest.mark.skipif(native is None or not native.prefill_attention_available(),
-                                reason="the native prefill kernel is not built here (no extension or no AVX-512)")
+
+@pytest.fixture
+def native(native_tier):
+    if not native_tier.prefill_attention_available():
+        pytest.skip(f"the {native_tier.tier} tier has no native prefill attention")
+    return native_tier
 
 # (query_len, context_len): whole sequences and chunks after cached tokens
 CHUNKS = [(158, 158), (5, 5), (37, 300), (200, 513), (1, 40), (17, 17), (64, 64)]
@@ -55,7 +57,7 @@ def _torch_path(q, k_cache, v_cache, tables, starts, lens, scale, dtype=torch.bf
 
 @pytest.mark.parametrize("num_kv_heads,group,head_dim,block_size",
                          [(3, 3, 64, 16), (2, 4, 128, 16), (4, 1, 64, 32), (3, 3, 64, 8)])
-def test_paged_prefill_attention_matches_the_torch_path(num_kv_heads, group, head_dim, block_size):
+def test_paged_prefill_attention_matches_the_torch_path(native, num_kv_heads, group, head_dim, block_size):
     q, k_cache, v_cache, tables, starts, lens = _case(num_kv_heads, group, head_dim, block_size, CHUNKS)
     scale = head_dim ** -0.5
     got = native.paged_prefill_attention(q, k_cache, v_cache, tables, starts, lens, scale)
@@ -68,7 +70,7 @@ def test_paged_prefill_attention_matches_the_torch_path(num_kv_heads, group, hea
     assert relative_exact < 1e-2, f"against float64: {relative_exact:.2e}"
 
 
-def test_a_chunk_does_not_depend_on_the_batch():
+def test_a_chunk_does_not_depend_on_the_batch(native):
     """Each (chunk, kv head, query tile) is computed on its own: a chunk's rows are bitwise the
     same alone and among others."""
     q, k_cache, v_cache, tables, starts, lens = _case(3, 3, 64, 16, CHUNKS)
@@ -81,7 +83,7 @@ def test_a_chunk_does_not_depend_on_the_batch():
         assert torch.equal(alone, together[rows])
 
 
-def test_bad_input_is_refused():
+def test_bad_input_is_refused(native):
     q, k_cache, v_cache, tables, starts, lens = _case(3, 3, 64, 16, [(8, 8)])
     with pytest.raises(RuntimeError, match="bfloat16"):
         native.paged_prefill_attention(q.float(), k_cache, v_cache, tables, starts, lens, 0.125)
@@ -105,7 +107,7 @@ def _mixed_step(block_size: int, singles: list[int], chunks: list[tuple[int, int
                       torch.from_numpy(slots.astype(np.int64)), table)
 
 
-def test_the_backend_attends_a_mixed_step_as_without_the_kernel():
+def test_the_backend_attends_a_mixed_step_as_without_the_kernel(native):
     heads, kv_heads, head_dim, block_size, max_blocks = 9, 3, 64, 16, 16
     inputs = _mixed_step(block_size, [30, 200], [(100, 100), (40, 250)], max_blocks)
     g = torch.Generator().manual_seed(3)

@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from engine.models.gguf_codes import GroupCodes
-from engine.native import kernels
 
-native = kernels()
-pytestmark = pytest.mark.skipif(native is None or not native.int8_linear_available(),
-                                reason="the int8 kernels need the native kernels and AVX512-VNNI")
+
+@pytest.fixture
+def native(native_tier):
+    if not native_tier.q4_int8_linear_available():
+        pytest.skip(f"the {native_tier.tier} tier has no Q4_1 x int8 kernel (AVX512-VNNI only)")
+    return native_tier
 
 
 def _codes(outputs: int, inputs: int, seed: int) -> GroupCodes:
@@ -37,44 +39,44 @@ def _reference(x: torch.Tensor, codes: GroupCodes) -> torch.Tensor:
     return (x_int8 @ codes.dequantize().double().t()).float()
 
 
-def _run(x: torch.Tensor, codes: GroupCodes, float32_out: bool) -> torch.Tensor:
+def _run(native, x: torch.Tensor, codes: GroupCodes, float32_out: bool) -> torch.Tensor:
     return native.q4_int8_linear(x, *codes.int8_tiles(), float32_out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])  # tiles of 4 rows and every remainder
 @pytest.mark.parametrize("inputs,outputs", [(64, 16), (576, 960), (1536, 576)])
-def test_q4_int8_linear_matches_the_reference(dtype, rows, inputs, outputs):
+def test_q4_int8_linear_matches_the_reference(native, dtype, rows, inputs, outputs):
     codes = _codes(outputs, inputs, rows * 1000 + outputs)
     x = torch.randn(rows, inputs, generator=torch.Generator().manual_seed(rows)).to(dtype)
     x[0, :32] = 0  # a group of zeros: scale 0, no division by it
     expected = _reference(x, codes)
-    out32 = _run(x, codes, True)
+    out32 = _run(native, x, codes, True)
     assert out32.dtype == torch.float32
     torch.testing.assert_close(out32, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
-    out = _run(x, codes, False)
+    out = _run(native, x, codes, False)
     assert out.dtype == dtype
     torch.testing.assert_close(out, out32.to(dtype), rtol=0, atol=0)
 
 
-def test_a_row_does_not_depend_on_the_batch():
+def test_a_row_does_not_depend_on_the_batch(native):
     codes = _codes(96, 576, 7)
     x = torch.randn(7, 576, generator=torch.Generator().manual_seed(7)).bfloat16()
-    batch = _run(x, codes, True)
+    batch = _run(native, x, codes, True)
     for r in range(x.shape[0]):
-        assert torch.equal(_run(x[r:r + 1], codes, True)[0], batch[r])
+        assert torch.equal(_run(native, x[r:r + 1], codes, True)[0], batch[r])
 
 
 @pytest.mark.parametrize("threads", [1, 6])
-def test_the_thread_count_changes_nothing(threads):
+def test_the_thread_count_changes_nothing(native, threads):
     # up to four threads each quantizes every row itself; more share the quantization out
     codes = _codes(96, 576, 8)
     x = torch.randn(33, 576, generator=torch.Generator().manual_seed(8)).bfloat16()
-    before = _run(x, codes, True)
+    before = _run(native, x, codes, True)
     default = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
-        assert torch.equal(_run(x, codes, True), before)
+        assert torch.equal(_run(native, x, codes, True), before)
     finally:
         torch.set_num_threads(default)
 
@@ -92,7 +94,7 @@ def test_the_tiles_hold_every_code_once():
     assert torch.equal(mins.transpose(1, 2).reshape(32, 4), codes.mins)
 
 
-def test_bad_shapes_are_refused():
+def test_bad_shapes_are_refused(native):
     tiles, scales, mins = _codes(16, 64, 1).int8_tiles()
     with pytest.raises(RuntimeError, match="in/32"):
         native.q4_int8_linear(torch.randn(2, 96), tiles, scales, mins, False)

@@ -10,8 +10,8 @@ import torch
 from common.messages import SamplingParams
 from engine.sample.filters import compute_probs
 from engine.sample.sampler import Sampler, apply_penalties
-from engine.native import kernels
 from engine.sample.state import SamplingMetadata, SamplingState
+from native_tiers import BUILDABLE_TIERS, tier_module
 from sampler_reference import reference_probs
 
 VOCAB = 50
@@ -48,15 +48,10 @@ def state_for(rows: list[Row]) -> tuple[SamplingState, SamplingMetadata]:
     return state, state.metadata(index)
 
 
-@pytest.fixture(params=["torch", "native"])
+@pytest.fixture(params=["torch", *BUILDABLE_TIERS])
 def native(request):
-    """The draws' passes over the vocabulary through torch ops, or the native CPU kernels'."""
-    if request.param == "torch":
-        return None
-    module = kernels()
-    if module is None:
-        pytest.skip("the native CPU kernels could not be built here")
-    return module
+    """The draws' passes over the vocabulary through torch ops, or each native kernel tier's."""
+    return None if request.param == "torch" else tier_module(request.param)
 
 
 def make_rows(params_list, seed=0) -> list[Row]:
