@@ -84,9 +84,10 @@ class TorchPagedBackend:
         # build): the one-query batch with K/V read in place (no gather copy, no padding to the
         # longest sequence), and RoPE fused with the KV write.
         self.native = native
-        # and the prompt chunks in one call, K/V read in place (bfloat16 caches, head sizes 64 and 128)
+        # and the prompt chunks in one call, K/V read in place (caches in the model's dtype, float32 or
+        # bfloat16, not int8; head sizes 64 and 128)
         self.native_prefill = (native is not None and native.prefill_attention_available()
-                               and kv_cache_dtype in (None, torch.bfloat16) and head_dim in (64, 128))
+                               and kv_cache_dtype in (None, torch.float32, torch.bfloat16) and head_dim in (64, 128))
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         return (self.num_kv_heads, num_blocks, self.block_size, row_width(self.head_dim, self.kv_cache_dtype))

@@ -3,8 +3,8 @@
 // after this step's K/V were written there, causal (the query at position p sees keys 0..p), with
 // a cached prefix before the chunk or without.
 //
-// Shapes: q [rows, heads, head_dim] bfloat16, the chunks' rows one after another; k_cache, v_cache
-// [kv_heads, num_blocks, block_size, head_dim] bfloat16; block_tables [chunks, max_blocks] int32;
+// Shapes: q [rows, heads, head_dim] float32 or bfloat16, the chunks' rows one after another;
+// k_cache, v_cache [kv_heads, num_blocks, block_size, head_dim] in q's dtype; block_tables [chunks, max_blocks] int32;
 // query_starts [chunks + 1] int32 (chunk c owns rows query_starts[c]..query_starts[c + 1] - 1);
 // context_lens [chunks] int32 (chunk c's keys in the cache after this step; its queries are the
 // last positions of them); out like q.
@@ -15,25 +15,26 @@
 //
 // A work item is (chunk, kv head, kQueryTile positions): the rows of the GQA group's query heads at
 // those positions. The item first copies the keys its rows can see into two packed buffers,
-// shared by all its rows, in one of two forms (the build picks one, below):
-//  - float32 FMAs: K in tiles of 16 keys, transposed to [dimension][16 keys], so one FMA with a
-//    query element broadcast adds to 16 keys' scores at once (no horizontal sums); V as rows.
+// shared by all its rows, in one of two forms (chosen below):
+//  - float32 FMAs (every vector tier, float32 or bfloat16 inputs): K in tiles of 16 keys,
+//    transposed to [dimension][16 keys], so one FMA with a query element broadcast adds to 16
+//    keys' scores at once (no horizontal sums); V as rows.
 //  - bfloat16 pairs (VDPBF16PS, two products per float32 lane): K in tiles of 16 keys as
 //    [dimension pair][16 keys] words, so one VDPBF16PS with a query's dimension pair broadcast
 //    adds two products to each of 16 keys' scores; V as pairs of keys interleaved word by word,
 //    so one VDPBF16PS with the pair's two weights broadcast adds both keys' rows, 16 dimensions.
 // Then a few rows at a time go over the tiles: all scores, one softmax per row (float32; each
-// weight rounded to bfloat16 for the product with V, as torch's flash attention rounds its
-// probabilities before that product), then the weighted sum of V. Both forms multiply the same
-// bfloat16 values exactly and add in float32; only the order of the additions differs.
+// weight rounded to the inputs' dtype for the product with V, as torch's flash attention rounds
+// its probabilities before that product), then the weighted sum of V. For bfloat16 inputs both
+// forms multiply the same values exactly and add in float32; only the order of the additions
+// differs.
 //
-// Which form: on the AMD EPYC (Zen 4) VDPBF16PS and a float32 FMA both issue once per cycle
-// (measured), so VDPBF16PS does twice the FMAs' work; the build defines
-// LLM_SERVE_BF16_DOT_ATTENTION there (engine/native/__init__.py). On the Xeons with AMX, VDPBF16PS
-// issues once per two cycles, at the FMA's rate of products, and the matrix unit does both
-// products instead (attend_rows_amx, below: the bfloat16 pairs' layouts are its tiles' own); a
-// process the kernel refuses AMX tiles to takes the VDPBF16PS form over the same layouts. Float32
-// FMAs elsewhere (an Intel CPU without AMX).
+// Which form: bfloat16 inputs take the pairs where the tier has AVX512-BF16. On the AMD EPYC (Zen
+// 4, Zen 5) VDPBF16PS and a float32 FMA both issue once per cycle (measured), so VDPBF16PS does
+// twice the FMAs' work; on the Xeons with AMX, VDPBF16PS issues once per two cycles, at the FMA's
+// rate of products, and the matrix unit does both products instead (attend_rows_amx, below: the
+// bfloat16 pairs' layouts are its tiles' own); a process the kernel refuses AMX tiles to takes the
+// VDPBF16PS form over the same layouts. Float32 FMAs for float32 inputs, and on the other tiers.
 #include "aten.h"
 
 #include "amx_tiles.h"
@@ -47,35 +48,32 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(LLM_SERVE_VEC16)
+#if defined(__AVX512BF16__)
+#define PREFILL_BF16_PAIRS 1
+#endif
 #if defined(LLM_SERVE_AMX)
 #define PREFILL_AMX 1
-#define PREFILL_BF16_PAIRS 1
-#elif defined(__AVX512BF16__)
-#define PREFILL_BF16_PAIRS 1
 #endif
 namespace {
 
-using llm_serve::exp16;
+using llm_serve::f32x16;
 
 constexpr int kTileKeys = 16;   // keys per packed tile: one vector of scores
 constexpr int kQueryTile = 16;  // query positions per work item
 
+enum class Form { kFloat, kPairs };  // float32 FMAs, or bfloat16 pairs (VDPBF16PS / AMX)
+
 // The packed keys and values of one item, head_dim = 32 * C2: float32, or bfloat16 pairs in words
-template <int C2>
+//   float32:  keys [tiles][head_dim][16 keys]         values [tiles * 16][head_dim]
+//   pairs:    keys [tiles][head_dim / 2][16 keys]     values [tiles * 8][head_dim]: keys 2i, 2i + 1
+//             (a key's dimensions 2p, 2p + 1)                  of one dimension
+template <Form F, int C2>
 struct Packed {
   static constexpr int kHeadDim = 32 * C2;
-#if defined(PREFILL_BF16_PAIRS)
-  using Element = uint32_t;
-  static constexpr int kPerKey = kHeadDim / 2;
-  std::vector<uint32_t> keys;    // [tiles][head_dim / 2][16 keys]: a key's dimensions 2p, 2p + 1
-  std::vector<uint32_t> values;  // [tiles * 8][head_dim]: keys 2i, 2i + 1 of one dimension
-#else
-  using Element = float;
-  static constexpr int kPerKey = kHeadDim;
-  std::vector<float> keys;    // [tiles][head_dim][16 keys]
-  std::vector<float> values;  // [tiles * 16][head_dim]
-#endif
+  using Element = std::conditional_t<F == Form::kPairs, uint32_t, float>;
+  static constexpr int kPerKey = F == Form::kPairs ? kHeadDim / 2 : kHeadDim;
+  std::vector<Element> keys, values;
 
   void reserve(int tiles) {
     const size_t elements = static_cast<size_t>(tiles) * kTileKeys * kPerKey;
@@ -86,17 +84,71 @@ struct Packed {
   }
 };
 
-// K and V tiles 0..tiles-1 of keys 0..num_keys-1 (past num_keys: zeros, so a weight of 0 times a
-// stale row cannot make a NaN) from the bfloat16 cache rows of one kv head
-template <int C2>
-void pack(Packed<C2>& packed, const at::BFloat16* k_head, const at::BFloat16* v_head, const int32_t* table,
+// each key's row offset in the cache for tile t of keys 0..num_keys-1; -1 past num_keys
+inline void tile_offsets(const int32_t* table, int64_t block_size, int64_t head_dim, int num_keys, int t,
+                         int64_t (&offsets)[kTileKeys]) {
+  for (int j = 0; j < kTileKeys; ++j) {
+    const int64_t key = t * kTileKeys + j;
+    offsets[j] = key < num_keys ? (static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * head_dim
+                                : -1;
+  }
+}
+
+// K and V tiles 0..tiles-1 of keys 0..num_keys-1 as float32 (past num_keys: zeros, so a weight of 0
+// times a stale row cannot make a NaN) from the cache rows (T) of one kv head
+template <int C2, typename T>
+void pack(Packed<Form::kFloat, C2>& packed, const T* k_head, const T* v_head, const int32_t* table,
           int64_t block_size, int num_keys, int tiles) {
+  constexpr int64_t head_dim = 32 * C2;
+  for (int t = 0; t < tiles; ++t) {
+    int64_t offsets[kTileKeys];
+    tile_offsets(table, block_size, head_dim, num_keys, t, offsets);
+    float* kt = packed.keys.data() + static_cast<size_t>(t) * kTileKeys * head_dim;
+    float* vt = packed.values.data() + static_cast<size_t>(t) * kTileKeys * head_dim;
+    for (int j = 0; j < kTileKeys; ++j) {
+      if (offsets[j] < 0) {
+        for (int64_t d = 0; d < head_dim; ++d) kt[d * kTileKeys + j] = 0.f;
+        std::memset(vt + j * head_dim, 0, head_dim * sizeof(float));
+        continue;
+      }
+      const T* k = k_head + offsets[j];
+      for (int64_t d = 0; d < head_dim; ++d) kt[d * kTileKeys + j] = static_cast<float>(k[d]);  // K transposed
+      for (int64_t d = 0; d < head_dim; d += 16) llm_serve::store16(vt + j * head_dim + d, llm_serve::load16(v_head + offsets[j] + d));
+    }
+  }
+}
+
+// scores[r][u * 16 + j] of R rows' queries (float32, scaled) against tiles t..t+T-1's keys (kt:
+// tile t)
+template <int C2, int R, int U>
+inline void score_tiles(const float* kt, const float* const* q, float* const* scores) {
+  using namespace llm_serve;  // NOLINT: the vector functions (vec16.h)
+  constexpr int head_dim = 32 * C2;
+  f32x16 s[R][U];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) s[r][u] = zero16();
+  for (int d = 0; d < head_dim; ++d) {
+    f32x16 k[U];
+    for (int u = 0; u < U; ++u) k[u] = load16(kt + (u * head_dim + d) * kTileKeys);
+    for (int r = 0; r < R; ++r) {
+      const f32x16 qd = set16(q[r][d]);
+      for (int u = 0; u < U; ++u) s[r][u] = fmadd(qd, k[u], s[r][u]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) store16(scores[r] + u * kTileKeys, s[r][u]);
+}
+
+#if defined(PREFILL_BF16_PAIRS)
+// K and V tiles as bfloat16 pairs (the layouts above), from the bfloat16 cache rows of one kv head
+template <int C2>
+void pack(Packed<Form::kPairs, C2>& packed, const at::BFloat16* k_head, const at::BFloat16* v_head,
+          const int32_t* table, int64_t block_size, int num_keys, int tiles) {
   constexpr int64_t head_dim = 32 * C2;
   constexpr int kPairs = 16 * C2;
   alignas(64) uint32_t k_rows[kTileKeys][kPairs];  // a tile's rows side by side, as dimension pairs
   const __m512i row_index = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                _mm512_set1_epi32(kPairs));
-#if defined(PREFILL_BF16_PAIRS)
   // words 2d, 2d + 1 of a key pair's word row: dimension d of the first key, then of the second
   alignas(64) int16_t interleave[2][32];
   for (int w = 0; w < 32; ++w) {
@@ -104,36 +156,20 @@ void pack(Packed<C2>& packed, const at::BFloat16* k_head, const at::BFloat16* v_
     interleave[1][w] = static_cast<int16_t>((w & 1 ? 32 : 0) + 16 + w / 2);
   }
   const __m512i low_half = _mm512_load_si512(interleave[0]), high_half = _mm512_load_si512(interleave[1]);
-#else
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-#endif
   for (int t = 0; t < tiles; ++t) {
-    const int first = t * kTileKeys, n = std::min(kTileKeys, num_keys - first);
-    int64_t offsets[kTileKeys];  // of each key's row in the cache; -1 past num_keys
+    int64_t offsets[kTileKeys];
+    tile_offsets(table, block_size, head_dim, num_keys, t, offsets);
     for (int j = 0; j < kTileKeys; ++j) {
-      const int64_t key = first + j;
-      offsets[j] = j < n ? (static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * head_dim
-                         : -1;
-      if (j < n)
+      if (offsets[j] >= 0)
         std::memcpy(k_rows[j], k_head + offsets[j], head_dim * sizeof(at::BFloat16));
       else
         std::memset(k_rows[j], 0, sizeof(k_rows[j]));
     }
-    // K transposed: one gather takes dimension pair p of the 16 keys (low words dimension 2p,
-    // high words 2p + 1)
-    typename Packed<C2>::Element* kt = packed.keys.data() + static_cast<size_t>(t) * kTileKeys * Packed<C2>::kPerKey;
-    for (int p = 0; p < kPairs; ++p) {
-      const __m512i pair = _mm512_i32gather_epi32(row_index, &k_rows[0][p], 4);
-#if defined(PREFILL_BF16_PAIRS)
-      _mm512_storeu_si512(kt + p * kTileKeys, pair);
-#else  // as float32: the low words by a shift, the high ones by a mask
-      _mm512_storeu_ps(kt + (2 * p) * kTileKeys, _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)));
-      _mm512_storeu_ps(kt + (2 * p + 1) * kTileKeys, _mm512_castsi512_ps(_mm512_and_si512(pair, high)));
-#endif
-    }
+    // K transposed: one gather takes dimension pair p of the 16 keys
+    uint32_t* kt = packed.keys.data() + static_cast<size_t>(t) * kTileKeys * kPairs;
+    for (int p = 0; p < kPairs; ++p) _mm512_storeu_si512(kt + p * kTileKeys, _mm512_i32gather_epi32(row_index, &k_rows[0][p], 4));
     // V (past num_keys: zeros, so a weight of 0 times a stale row cannot make a NaN)
-    typename Packed<C2>::Element* vt = packed.values.data() + static_cast<size_t>(t) * kTileKeys * Packed<C2>::kPerKey;
-#if defined(PREFILL_BF16_PAIRS)
+    uint32_t* vt = packed.values.data() + static_cast<size_t>(t) * kTileKeys * kPairs;
     for (int i = 0; i < kTileKeys / 2; ++i) {
       const int64_t a = offsets[2 * i], b = offsets[2 * i + 1];
       for (int d = 0; d < head_dim; d += 32) {
@@ -143,66 +179,36 @@ void pack(Packed<C2>& packed, const at::BFloat16* k_head, const at::BFloat16* v_
         _mm512_storeu_si512(vt + i * head_dim + d + 16, _mm512_permutex2var_epi16(va, high_half, vb));
       }
     }
-#else
-    for (int j = 0; j < kTileKeys; ++j) {
-      if (offsets[j] >= 0) {
-        for (int d = 0; d < head_dim; d += 16)
-          _mm512_storeu_ps(vt + j * head_dim + d, llm_serve::load16(v_head + offsets[j] + d));
-      } else {
-        std::memset(vt + j * head_dim, 0, head_dim * sizeof(float));
-      }
-    }
-#endif
   }
 }
 
-#if defined(PREFILL_BF16_PAIRS)
 // scores[r][u * 16 + j] of R rows' queries (bfloat16 dimension pairs) against tiles t..t+T-1's
 // keys (kt: tile t), times the scale
-template <int C2, int R, int T>
+template <int C2, int R, int U>
 inline void score_tiles(const uint32_t* kt, const uint32_t* const* q, float scale, float* const* scores) {
   constexpr int pairs = 16 * C2;
-  __m512 s[R][T];
+  __m512 s[R][U];
   for (int r = 0; r < R; ++r)
-    for (int u = 0; u < T; ++u) s[r][u] = _mm512_setzero_ps();
+    for (int u = 0; u < U; ++u) s[r][u] = _mm512_setzero_ps();
   for (int p = 0; p < pairs; ++p) {
-    __m512i k[T];
-    for (int u = 0; u < T; ++u) k[u] = _mm512_loadu_si512(kt + (u * pairs + p) * kTileKeys);
+    __m512i k[U];
+    for (int u = 0; u < U; ++u) k[u] = _mm512_loadu_si512(kt + (u * pairs + p) * kTileKeys);
     for (int r = 0; r < R; ++r) {
       const __m512bh qp = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r][p]));
-      for (int u = 0; u < T; ++u) s[r][u] = _mm512_dpbf16_ps(s[r][u], qp, (__m512bh)k[u]);
+      for (int u = 0; u < U; ++u) s[r][u] = _mm512_dpbf16_ps(s[r][u], qp, (__m512bh)k[u]);
     }
   }
   const __m512 scale16 = _mm512_set1_ps(scale);
   for (int r = 0; r < R; ++r)
-    for (int u = 0; u < T; ++u) _mm512_storeu_ps(scores[r] + u * kTileKeys, _mm512_mul_ps(s[r][u], scale16));
-}
-#else
-// scores[r][u * 16 + j] of R rows' queries (float32, scaled) against tiles t..t+T-1's keys (kt:
-// tile t)
-template <int C2, int R, int T>
-inline void score_tiles(const float* kt, const float* const* q, float* const* scores) {
-  constexpr int head_dim = 32 * C2;
-  __m512 s[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < T; ++u) s[r][u] = _mm512_setzero_ps();
-  for (int d = 0; d < head_dim; ++d) {
-    __m512 k[T];
-    for (int u = 0; u < T; ++u) k[u] = _mm512_loadu_ps(kt + (u * head_dim + d) * kTileKeys);
-    for (int r = 0; r < R; ++r) {
-      const __m512 qd = _mm512_set1_ps(q[r][d]);
-      for (int u = 0; u < T; ++u) s[r][u] = _mm512_fmadd_ps(qd, k[u], s[r][u]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < T; ++u) _mm512_storeu_ps(scores[r] + u * kTileKeys, s[r][u]);
+    for (int u = 0; u < U; ++u) _mm512_storeu_ps(scores[r] + u * kTileKeys, _mm512_mul_ps(s[r][u], scale16));
 }
 #endif
 
-// Per-thread buffers of an item's rows.
+// Per-thread buffers of an item's rows (T: the inputs' dtype).
+template <typename T>
 struct RowBuffers {
-  std::vector<const at::BFloat16*> rows;  // each row's query
-  std::vector<at::BFloat16*> outs;        // where its result goes
+  std::vector<const T*> rows;  // each row's query
+  std::vector<T*> outs;        // where its result goes
   std::vector<int> limits;                // how many keys it sees
   std::vector<int> block_tiles;           // tiles each block of R rows sees
   std::vector<float> queries;  // [rows][head_dim], scaled (float32 FMAs); then one inverse sum per row
@@ -236,52 +242,54 @@ struct RowBuffers {
   }
 };
 
-// Pass 2 of attend_rows: per row, weights exp(scale * score - max) rounded to bfloat16 (as torch's
-// flash attention rounds them before the product with V), 0 past the row's keys up to its block's
-// last tile (block_tiles[r / R]); 1 / the sum of the rounded ones into inverse_sum[r]. The weights'
-// bfloat16 bits go to `weights` [rows][width] (bfloat16 pairs) or in the scores' place as float32.
-// `scale`: 1 where the scores were scaled as they were made (an exact product).
+// Pass 2 of attend_rows: per row, weights exp(scale * score - max) rounded to T (as torch's flash
+// attention rounds them before the product with V), 0 past the row's keys up to its block's last
+// tile (block_tiles[r / R]); 1 / the sum of the rounded ones into inverse_sum[r]. The weights go in
+// the scores' place as float32, or (pairs) their bfloat16 bits to `weights` [rows][width]. `scale`:
+// 1 where the scores were scaled as they were made (an exact product).
+template <Form F, typename T>
 inline void row_weights(float* scores, int64_t width, int num_rows, const int* limits,
                         const std::vector<int>& block_tiles, int R, float scale, [[maybe_unused]] uint16_t* weights,
                         float* inverse_sum) {
+  using namespace llm_serve;  // NOLINT: the vector functions (vec16.h)
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  const __m512 scale16 = _mm512_set1_ps(scale);
+  const f32x16 scale16 = set16(scale);
   for (int r = 0; r < num_rows; ++r) {
     float* s = scores + r * width;
     const int visible_tiles = (limits[r] + kTileKeys - 1) / kTileKeys;
-    const auto valid = [&](int tile) {
-      return static_cast<__mmask16>((1u << std::clamp(limits[r] - tile * kTileKeys, 0, kTileKeys)) - 1);
-    };
-    __m512 running = _mm512_set1_ps(neg_inf);
+    const auto valid = [&](int tile) { return std::clamp(limits[r] - tile * kTileKeys, 0, kTileKeys); };
+    f32x16 running = set16(neg_inf);
     for (int u = 0; u < visible_tiles; ++u)
-      running = _mm512_max_ps(running, _mm512_mask_blend_ps(valid(u), _mm512_set1_ps(neg_inf),
-                                                            _mm512_mul_ps(_mm512_loadu_ps(s + u * kTileKeys), scale16)));
-    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(running));
-    __m512 total = _mm512_setzero_ps();
+      running = llm_serve::max(running, first_lanes(mul(load16(s + u * kTileKeys), scale16), valid(u), neg_inf));
+    const f32x16 row_max = set16(reduce_max(running));
+    f32x16 total = zero16();
     for (int u = 0; u < block_tiles[r / R]; ++u) {
-      const __m512 score = _mm512_mul_ps(_mm512_loadu_ps(s + u * kTileKeys), scale16);
-      const __m512 e = _mm512_maskz_mov_ps(valid(u), exp16(_mm512_sub_ps(score, max)));
-      const __m512 rounded = llm_serve::round_to<at::BFloat16>(e);
-#if defined(PREFILL_BF16_PAIRS)  // the rounded values' top halves: their bfloat16 bits
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(weights + r * width + u * kTileKeys),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(rounded), 16)));
+      const f32x16 score = mul(load16(s + u * kTileKeys), scale16);
+      const f32x16 rounded = round_to<T>(first_lanes(exp16(sub(score, row_max)), valid(u)));
+#if defined(PREFILL_BF16_PAIRS)
+      if constexpr (F == Form::kPairs) {  // the rounded values' top halves: their bfloat16 bits
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(weights + r * width + u * kTileKeys),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(rounded), 16)));
+      } else {
+        store16(s + u * kTileKeys, rounded);
+      }
 #else
-      _mm512_storeu_ps(s + u * kTileKeys, rounded);
+      store16(s + u * kTileKeys, rounded);
 #endif
-      total = _mm512_add_ps(total, rounded);
+      total = add(total, rounded);
     }
-    inverse_sum[r] = 1.f / _mm512_reduce_add_ps(total);
+    inverse_sum[r] = 1.f / reduce_add(total);
   }
 }
 
 // Each row's result: its weighted sum of V (sums [rows][head_dim]) times 1 / its weights' sum
-template <int C2>
-inline void write_rows(const float* sums, const float* inverse_sum, int num_rows, at::BFloat16* const* outs) {
+template <int C2, typename T>
+inline void write_rows(const float* sums, const float* inverse_sum, int num_rows, T* const* outs) {
   constexpr int head_dim = 32 * C2;
   for (int r = 0; r < num_rows; ++r)
     for (int c = 0; c < 2 * C2; ++c)
-      llm_serve::store16(outs[r] + 16 * c,
-                         _mm512_mul_ps(_mm512_loadu_ps(sums + r * head_dim + 16 * c), _mm512_set1_ps(inverse_sum[r])));
+      llm_serve::store16(outs[r] + 16 * c, llm_serve::mul(llm_serve::load16(sums + r * head_dim + 16 * c),
+                                                          llm_serve::set16(inverse_sum[r])));
 }
 
 // An item's rows (a multiple of R; rows[r] points at row r's query, limits[r] is how many keys it
@@ -290,94 +298,101 @@ inline void write_rows(const float* sums, const float* inverse_sum, int num_rows
 // weighted sum of V. Each pass goes a few tiles at a time through all rows, R rows per register
 // block, so the tiles in hand stay in L1 while every row uses them (a row block at a time over
 // all tiles read each tile from L2 once per 4 rows, and ran at the speed of L2).
-template <int C2, int R>
-void attend_rows(const Packed<C2>& packed, int num_rows, const at::BFloat16* const* rows, const int* limits,
-                 at::BFloat16* const* outs, float scale, RowBuffers& buffers) {
+template <Form F, typename T, int C2, int R>
+void attend_rows(const Packed<F, C2>& packed, int num_rows, const T* const* rows, const int* limits, T* const* outs,
+                 float scale, RowBuffers<T>& buffers) {
   constexpr int head_dim = 32 * C2;
-  constexpr size_t tile_elements = kTileKeys * Packed<C2>::kPerKey;  // of one tile's K, or V
+  constexpr size_t tile_elements = kTileKeys * Packed<F, C2>::kPerKey;  // of one tile's K, or V
   const int blocks = num_rows / R;
   const int64_t width = buffers.prepare(num_rows, limits, R, 1, head_dim);
   const std::vector<int>& block_tiles = buffers.block_tiles;
   const int tiles = static_cast<int>(width / kTileKeys);
   float* scores = buffers.scores.data();
-#if defined(PREFILL_BF16_PAIRS)
-  constexpr int pairs = head_dim / 2;
-  uint32_t* queries = buffers.query_pairs.data();
-  uint16_t* weights = buffers.weights.data();
-  for (int r = 0; r < num_rows; ++r) std::memcpy(queries + r * pairs, rows[r], head_dim * sizeof(at::BFloat16));
-#else
-  float* queries = buffers.queries.data();
-  for (int r = 0; r < num_rows; ++r)
-    for (int d = 0; d < head_dim; d += 16)
-      _mm512_storeu_ps(queries + r * head_dim + d, _mm512_mul_ps(llm_serve::load16(rows[r] + d), _mm512_set1_ps(scale)));
-#endif
+  using Query = typename Packed<F, C2>::Element;  // float32 scaled, or bfloat16 pairs
+  Query* queries;
+  if constexpr (F == Form::kPairs) {
+    queries = buffers.query_pairs.data();
+    for (int r = 0; r < num_rows; ++r) std::memcpy(queries + r * head_dim / 2, rows[r], head_dim * sizeof(T));
+  } else {
+    queries = buffers.queries.data();
+    for (int r = 0; r < num_rows; ++r)
+      for (int d = 0; d < head_dim; d += 16)
+        llm_serve::store16(queries + r * head_dim + d, llm_serve::mul(llm_serve::load16(rows[r] + d), llm_serve::set16(scale)));
+  }
 
   // 1. scores, two tiles at a time through every row block that sees them (2R independent sums)
   for (int t = 0; t < tiles; t += 2) {
-    const auto* kt = packed.keys.data() + t * tile_elements;
+    const Query* kt = packed.keys.data() + t * tile_elements;
     for (int b = 0; b < blocks; ++b) {
       if (block_tiles[b] <= t) continue;
       float* dst[R];
-      const std::remove_pointer_t<decltype(queries)>* q[R];
+      const Query* q[R];
       for (int r = 0; r < R; ++r) {
         dst[r] = scores + (b * R + r) * width + t * kTileKeys;
-        q[r] = queries + (b * R + r) * Packed<C2>::kPerKey;
+        q[r] = queries + (b * R + r) * Packed<F, C2>::kPerKey;
       }
 #if defined(PREFILL_BF16_PAIRS)
-      if (t + 1 < block_tiles[b])
-        score_tiles<C2, R, 2>(kt, q, scale, dst);
-      else
-        score_tiles<C2, R, 1>(kt, q, scale, dst);
-#else
-      if (t + 1 < block_tiles[b])
-        score_tiles<C2, R, 2>(kt, q, dst);
-      else
-        score_tiles<C2, R, 1>(kt, q, dst);
+      if constexpr (F == Form::kPairs) {
+        if (t + 1 < block_tiles[b])
+          score_tiles<C2, R, 2>(kt, q, scale, dst);
+        else
+          score_tiles<C2, R, 1>(kt, q, scale, dst);
+        continue;
+      }
 #endif
+      if constexpr (F == Form::kFloat) {
+        if (t + 1 < block_tiles[b])
+          score_tiles<C2, R, 2>(kt, q, dst);
+        else
+          score_tiles<C2, R, 1>(kt, q, dst);
+      }
     }
   }
 
   // 2. weights (the scores were scaled as they were made)
   float* inverse_sum = buffers.queries.data();  // the float32 queries are done with: one per row
-  row_weights(scores, width, num_rows, limits, block_tiles, R, 1.f, buffers.weights.data(), inverse_sum);
+  row_weights<F, T>(scores, width, num_rows, limits, block_tiles, R, 1.f, buffers.weights.data(), inverse_sum);
 
   // 3. the weighted sum of V, a tile of keys at a time through every row block that sees it, the
   // block's sums in registers over the tile
   float* sums = buffers.sums.data();
   std::memset(sums, 0, sizeof(float) * num_rows * head_dim);
   for (int t = 0; t < tiles; ++t) {
-    const auto* values = packed.values.data() + t * tile_elements;
+    const Query* values = packed.values.data() + t * tile_elements;
     for (int b = 0; b < blocks; ++b) {
       if (block_tiles[b] <= t) continue;
       float* block_sums = sums + b * R * head_dim;
-      __m512 acc[R][2 * C2];
+      f32x16 acc[R][2 * C2];
       for (int r = 0; r < R; ++r)
-        for (int c = 0; c < 2 * C2; ++c) acc[r][c] = _mm512_loadu_ps(block_sums + r * head_dim + 16 * c);
+        for (int c = 0; c < 2 * C2; ++c) acc[r][c] = llm_serve::load16(block_sums + r * head_dim + 16 * c);
 #if defined(PREFILL_BF16_PAIRS)
-      const uint16_t* w = weights + b * R * width + t * kTileKeys;
-      for (int i = 0; i < kTileKeys / 2; ++i) {  // keys 2i, 2i + 1
-        __m512i v[2 * C2];
-        for (int c = 0; c < 2 * C2; ++c) v[c] = _mm512_loadu_si512(values + i * head_dim + 16 * c);
-        for (int r = 0; r < R; ++r) {
-          uint32_t two;
-          std::memcpy(&two, w + r * width + 2 * i, sizeof(two));
-          const __m512bh wr = (__m512bh)_mm512_set1_epi32(static_cast<int>(two));
-          for (int c = 0; c < 2 * C2; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wr, (__m512bh)v[c]);
-        }
-      }
-#else
-      const float* w = scores + b * R * width + t * kTileKeys;
-      for (int j = 0; j < kTileKeys; ++j) {
-        __m512 v[2 * C2];
-        for (int c = 0; c < 2 * C2; ++c) v[c] = _mm512_loadu_ps(values + j * head_dim + 16 * c);
-        for (int r = 0; r < R; ++r) {
-          const __m512 wr = _mm512_set1_ps(w[r * width + j]);
-          for (int c = 0; c < 2 * C2; ++c) acc[r][c] = _mm512_fmadd_ps(wr, v[c], acc[r][c]);
+      if constexpr (F == Form::kPairs) {
+        const uint16_t* w = buffers.weights.data() + b * R * width + t * kTileKeys;
+        for (int i = 0; i < kTileKeys / 2; ++i) {  // keys 2i, 2i + 1
+          __m512i v[2 * C2];
+          for (int c = 0; c < 2 * C2; ++c) v[c] = _mm512_loadu_si512(values + i * head_dim + 16 * c);
+          for (int r = 0; r < R; ++r) {
+            uint32_t two;
+            std::memcpy(&two, w + r * width + 2 * i, sizeof(two));
+            const __m512bh wr = (__m512bh)_mm512_set1_epi32(static_cast<int>(two));
+            for (int c = 0; c < 2 * C2; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wr, (__m512bh)v[c]);
+          }
         }
       }
 #endif
+      if constexpr (F == Form::kFloat) {
+        const float* w = scores + b * R * width + t * kTileKeys;
+        for (int j = 0; j < kTileKeys; ++j) {
+          f32x16 v[2 * C2];
+          for (int c = 0; c < 2 * C2; ++c) v[c] = llm_serve::load16(values + j * head_dim + 16 * c);
+          for (int r = 0; r < R; ++r) {
+            const f32x16 wr = llm_serve::set16(w[r * width + j]);
+            for (int c = 0; c < 2 * C2; ++c) acc[r][c] = llm_serve::fmadd(wr, v[c], acc[r][c]);
+          }
+        }
+      }
       for (int r = 0; r < R; ++r)
-        for (int c = 0; c < 2 * C2; ++c) _mm512_storeu_ps(block_sums + r * head_dim + 16 * c, acc[r][c]);
+        for (int c = 0; c < 2 * C2; ++c) llm_serve::store16(block_sums + r * head_dim + 16 * c, acc[r][c]);
     }
   }
   write_rows<C2>(sums, inverse_sum, num_rows, outs);
@@ -398,10 +413,10 @@ constexpr int kAmxRows = 16;  // rows per block of attend_rows_amx: one tile's
 // tile's keys are packed as zeros and their weights are 0. Tiles: 0..C2-1 queries, 4 and 5 K, 6
 // and 7 scores (pass 1), then 0 weights, 1 and 2 V, 4..7 sums (pass 3).
 template <int C2>
-void attend_rows_amx(const Packed<C2>& packed, int num_rows, const at::BFloat16* const* rows, const int* limits,
-                     at::BFloat16* const* outs, float scale, RowBuffers& buffers) {
+void attend_rows_amx(const Packed<Form::kPairs, C2>& packed, int num_rows, const at::BFloat16* const* rows,
+                     const int* limits, at::BFloat16* const* outs, float scale, RowBuffers<at::BFloat16>& buffers) {
   constexpr int head_dim = 32 * C2, pairs = head_dim / 2;
-  constexpr size_t tile_elements = kTileKeys * Packed<C2>::kPerKey;
+  constexpr size_t tile_elements = kTileKeys * Packed<Form::kPairs, C2>::kPerKey;
   const int blocks = num_rows / kAmxRows;
   const int64_t width = buffers.prepare(num_rows, limits, kAmxRows, 2, head_dim);  // pairs of key tiles
   const std::vector<int>& block_tiles = buffers.block_tiles;
@@ -452,7 +467,8 @@ void attend_rows_amx(const Packed<C2>& packed, int num_rows, const at::BFloat16*
 
   // 2. weights
   float* inverse_sum = buffers.queries.data();
-  row_weights(scores, width, num_rows, limits, block_tiles, kAmxRows, scale, weights, inverse_sum);
+  row_weights<Form::kPairs, at::BFloat16>(scores, width, num_rows, limits, block_tiles, kAmxRows, scale, weights,
+                                          inverse_sum);
 
   // 3. the weighted sum of V
   float* sums = buffers.sums.data();
@@ -486,15 +502,21 @@ void attend_rows_amx(const Packed<C2>& packed, int num_rows, const at::BFloat16*
 }
 #endif
 
-template <int C2>
-void prefill_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                            const at::Tensor& block_tables, const at::Tensor& query_starts,
-                            const at::Tensor& context_lens, double scale, at::Tensor& out) {
+// The chunks' items, each thread a range of them, in form F over inputs of T
+template <Form F, typename T, int C2>
+void run_items(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+               const at::Tensor& block_tables, const at::Tensor& query_starts, const at::Tensor& context_lens,
+               double scale, at::Tensor& out) {
   constexpr int64_t head_dim = 32 * C2;
-  // rows at a time: their sums fill half the vector registers, or one tile's (the matrix unit)
+  // rows at a time: their sums fill half the vector registers (AVX-512's 32; AVX2's 16 registers
+  // take two per 16 lanes), or one tile's (the matrix unit)
+#if defined(__AVX512F__)
   constexpr int kVectorRows = C2 == 2 ? 4 : 2;
+#else
+  constexpr int kVectorRows = C2 == 2 ? 2 : 1;
+#endif
 #if defined(PREFILL_AMX)
-  const bool amx = llm_serve::request_amx();
+  const bool amx = F == Form::kPairs && llm_serve::request_amx();
 #else
   constexpr bool amx = false;
 #endif
@@ -508,18 +530,18 @@ void prefill_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
   std::vector<int64_t> first_item(num_chunks + 1, 0);
   for (int64_t c = 0; c < num_chunks; ++c)
     first_item[c + 1] = first_item[c] + num_kv_heads * ((starts[c + 1] - starts[c] + kQueryTile - 1) / kQueryTile);
-  const at::BFloat16* qp = q.data_ptr<at::BFloat16>();
-  const at::BFloat16* kp = k_cache.data_ptr<at::BFloat16>();
-  const at::BFloat16* vp = v_cache.data_ptr<at::BFloat16>();
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
-  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  T* op = out.data_ptr<T>();
   const float scale_f = static_cast<float>(scale);
   llm_serve::parallel_for(0, first_item[num_chunks], 1, [&](int64_t lo, int64_t hi) {
 #if defined(PREFILL_AMX)
     if (amx) llm_serve::configure_tiles();
 #endif
-    thread_local Packed<C2> packed;
-    thread_local RowBuffers buffers;
+    thread_local Packed<F, C2> packed;
+    thread_local RowBuffers<T> buffers;
     const size_t max_rows = (kQueryTile * group + R - 1) / R * R;
     buffers.rows.resize(max_rows);
     buffers.outs.resize(max_rows);
@@ -550,14 +572,16 @@ void prefill_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
         buffers.limits[r] = static_cast<int>(first_position + position + 1);
       }
 #if defined(PREFILL_AMX)
-      if (amx) {
-        attend_rows_amx<C2>(packed, padded, buffers.rows.data(), buffers.limits.data(), buffers.outs.data(), scale_f,
-                            buffers);
-        continue;
+      if constexpr (F == Form::kPairs) {
+        if (amx) {
+          attend_rows_amx<C2>(packed, padded, buffers.rows.data(), buffers.limits.data(), buffers.outs.data(),
+                              scale_f, buffers);
+          continue;
+        }
       }
 #endif
-      attend_rows<C2, kVectorRows>(packed, padded, buffers.rows.data(), buffers.limits.data(), buffers.outs.data(),
-                                   scale_f, buffers);
+      attend_rows<F, T, C2, kVectorRows>(packed, padded, buffers.rows.data(), buffers.limits.data(),
+                                         buffers.outs.data(), scale_f, buffers);
     }
 #if defined(PREFILL_AMX)
     if (amx) _tile_release();
@@ -565,11 +589,25 @@ void prefill_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
   });
 }
 
+// bfloat16 inputs in pairs where the tier has AVX512-BF16; float32 FMAs otherwise
+template <typename T, int C2>
+void prefill_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& block_tables, const at::Tensor& query_starts,
+                            const at::Tensor& context_lens, double scale, at::Tensor& out) {
+#if defined(PREFILL_BF16_PAIRS)
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    run_items<Form::kPairs, T, C2>(q, k_cache, v_cache, block_tables, query_starts, context_lens, scale, out);
+    return;
+  }
+#endif
+  run_items<Form::kFloat, T, C2>(q, k_cache, v_cache, block_tables, query_starts, context_lens, scale, out);
+}
+
 }  // namespace
-#endif  // __AVX512F__
+#endif  // LLM_SERVE_VEC16
 
 bool prefill_attention_available() {
-#if defined(__AVX512F__)
+#if defined(LLM_SERVE_VEC16)
   return true;
 #else
   return false;
@@ -579,10 +617,11 @@ bool prefill_attention_available() {
 at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                    const at::Tensor& block_tables, const at::Tensor& query_starts,
                                    const at::Tensor& context_lens, double scale) {
-  TORCH_CHECK(prefill_attention_available(), "paged_prefill_attention: built without AVX-512");
+  TORCH_CHECK(prefill_attention_available(), "paged_prefill_attention: not in the scalar tier");
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "bad shapes");
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
-                  v_cache.scalar_type() == at::kBFloat16, "paged_prefill_attention: bfloat16 q and caches");
+  TORCH_CHECK((q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kFloat) &&
+                  k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "paged_prefill_attention: float32 or bfloat16 q, the caches in its dtype");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "inputs must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && query_starts.scalar_type() == at::kInt &&
                   context_lens.scalar_type() == at::kInt, "block_tables, query_starts, context_lens: int32");
@@ -601,11 +640,18 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
                     (l[c] + k_cache.size(2) - 1) / k_cache.size(2) <= tables.size(1),
                 "a chunk's context holds its queries and fits its block table");
   auto out = at::empty_like(q);
-#if defined(__AVX512F__)
-  if (q.size(2) == 64)
-    prefill_attention_impl<2>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+#if defined(LLM_SERVE_VEC16)
+  const auto run = [&](auto element) {
+    using T = decltype(element);
+    if (q.size(2) == 64)
+      prefill_attention_impl<T, 2>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+    else
+      prefill_attention_impl<T, 4>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+  };
+  if (q.scalar_type() == at::kBFloat16)
+    run(at::BFloat16());
   else
-    prefill_attention_impl<4>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+    run(float());
 #endif
   return out;
 }
