@@ -24,17 +24,19 @@ class EngineConfig:
                 "they are faster; larger batches by --batch-linear), a model folder on its dense weights; "
                 "gguf: the codes of the default model's GGUF or of a *.gguf in the model folder; none: dense "
                 "--dtype weights; int8: dense weights quantized per output channel, run with int8 activations "
-                "(per group of 64; lossy, needs AVX512-VNNI)", choices=("auto", "gguf", "none", "int8"))
+                "(per group of 64; lossy, needs the int8 kernels: AVX2 or AVX512-VNNI)",
+        choices=("auto", "gguf", "none", "int8"))
     batch_linear: str = opt(
         "auto", "the linear layers of batches above the GGUF codes' crossover: int8 (activations per group of 64 x "
-                "weights per output channel, AVX512-VNNI; and then the Q4_1 codes of the rows below the crossover "
-                "against int8 activations per group of 32 too: faster at batch 1, lossy), dense (--dtype weights "
-                "through oneDNN), amx (the codes as bfloat16 tiles on AMX: the dense weights on a third of the "
-                "bytes; bfloat16 only), or auto: with bfloat16, the fastest of dense, amx (where the CPU has AMX) "
-                "and int8 (where it has VNNI) measured at start-up, the codes' rows on bfloat16 activations; with "
-                "float32, dense",
+                "weights per output channel, AVX2 or AVX512-VNNI; and with VNNI the Q4_1 codes of the rows below "
+                "the crossover against int8 activations per group of 32 too: faster at batch 1, lossy), dense "
+                "(--dtype weights through oneDNN), amx (the codes as bfloat16 tiles on AMX: the dense weights on a "
+                "third of the bytes; bfloat16 only), or auto: the fastest of dense, amx (where the CPU has AMX) and "
+                "int8 (where the kernel tier has an int8 dot product) measured at start-up, the codes' rows on the "
+                "exact codes; with an explicit --dtype float32, dense",
         choices=("auto", "int8", "dense", "amx"))
-    dtype: str = opt("auto", "float32 | bfloat16 | float16 | auto (bfloat16 on CPU and CUDA)")
+    dtype: str = opt("auto", "float32 | bfloat16 | float16 | auto (bfloat16 on CUDA and on CPUs whose kernel tier "
+                             "has bf16 arithmetic: AVX512-BF16, AMX; float32 on other CPUs)")
     device: str = opt("auto", "cpu | cuda | auto")
     max_model_len: int | None = opt(None, "longest prompt + output, in tokens; default: the model's limit")
     max_num_seqs: int = opt(64, "most sequences in one engine step")
@@ -75,8 +77,8 @@ class EngineConfig:
         choices=("auto", "on", "off"))
 
     native_kernels: bool = opt(
-        True, "on CPU, attend decode batches with the native C++ kernel (built for this CPU on first use and "
-              "cached; if it cannot be built, the torch path runs and the log says why)")
+        True, "on CPU, run the native C++ kernels (built at install in ISA tiers; the best tier the CPU runs, or "
+              "LLM_CPU_KERNEL_TIER=avx2|scalar|...; without them the torch paths run and the log says why)")
 
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

@@ -6,8 +6,12 @@
 #   3. the image's ENTRYPOINT started with the image's ENV, USER and WORKDIR by chroot into a mounted
 #      container root (`podman run` cannot set rlimits here), /proc, /sys and /dev bound in;
 #   4. /health, the image's own HEALTHCHECK, /v1/models, a streamed chat completion (OpenAI SDK) and
-#      /metrics checked by deploy/check_server.py; then the server is stopped with SIGTERM;
-#   5. everything it made (mounts, container, images, podman storage, base root) removed.
+#      /metrics checked by deploy/check_server.py;
+#   5. the native kernels: the image's server must name its kernel tier in its log (the image has no
+#      compiler: the tiers were built in the build stage), and its output tok/s at 32 concurrent
+#      streams must be within 10 % of this checkout's own server on this host, both loaded in turns
+#      by one `python -m loadtest` run; then both servers are stopped with SIGTERM;
+#   6. everything it made (mounts, container, images, podman storage, base root) removed.
 # Needs root. Usage: deploy/docker-test.sh   (PYTHON: a Python with openai and httpx, for step 4)
 set -euo pipefail
 
@@ -22,7 +26,10 @@ START_TIMEOUT_S=600
 # Private storage, so the test neither sees nor touches any other podman images on the machine.
 PODMAN=(podman --root "$WORK/storage" --runroot "$WORK/run" --tmpdir "$WORK/libpod" --storage-driver overlay)
 SERVER_PID=""
+HOST_PID=""
 ROOT=""
+# the image's c=32 output tok/s against the host's: at least this ratio, at most its inverse
+MIN_RATIO=0.9
 
 log() { printf '[docker-test %4ds] %s\n' "$SECONDS" "$*"; }
 
@@ -36,9 +43,12 @@ cleanup() {
     local status=$?
     trap - EXIT
     set +e
-    if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -KILL -- "-$SERVER_PID" 2>/dev/null  # its own session: the server and its children
-    fi
+    local pid
+    for pid in "$SERVER_PID" "$HOST_PID"; do
+        if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+            kill -KILL -- "-$pid" 2>/dev/null  # its own session: the server and its children
+        fi
+    done
     if [[ -d "$WORK" ]]; then
         [[ -n "$ROOT" ]] && umount_under "$ROOT"
         if [[ -d "$WORK/storage" ]]; then
@@ -119,6 +129,17 @@ prepare_run() {
               chroot --userspec="$IMAGE_USER" "$ROOT" env --chdir="$IMAGE_WORKDIR")
 }
 
+wait_healthy() {  # port, pid, log
+    local deadline=$((SECONDS + START_TIMEOUT_S))
+    until "$PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+            "http://127.0.0.1:$1/health" 2>/dev/null; do
+        if ! kill -0 "$2" 2>/dev/null || ((SECONDS > deadline)); then
+            log "server did not become healthy:"; tail -40 "$3"; return 1
+        fi
+        sleep 2
+    done
+}
+
 start_server() {
     local container
     container=$("${PODMAN[@]}" create --network none "$IMAGE_TAG")
@@ -131,16 +152,40 @@ start_server() {
     log "starting ${ENTRYPOINT[*]} as user $IMAGE_USER in $IMAGE_WORKDIR (LLM_PORT=$PORT; no other argument)"
     setsid "${IN_IMAGE[@]}" "${ENTRYPOINT[@]}" >"$WORK/server.log" 2>&1 &
     SERVER_PID=$!
-    local deadline=$((SECONDS + START_TIMEOUT_S))
-    until "$PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
-            "http://127.0.0.1:$PORT/health" 2>/dev/null; do
-        if ! kill -0 "$SERVER_PID" 2>/dev/null || ((SECONDS > deadline)); then
-            log "server did not become healthy:"; tail -40 "$WORK/server.log"; return 1
-        fi
-        sleep 2
-    done
+    wait_healthy "$PORT" "$SERVER_PID" "$WORK/server.log"
     grep -E 'converting|ready:' "$WORK/server.log" | sed 's/^/  /'
     log "server healthy"
+}
+
+# The image's server runs a native kernel tier, and as fast as this checkout's server on this host.
+compare_with_host() {
+    local tier
+    tier=$(grep -o 'kernel tier [a-z0-9_]* ([^)]*)' "$WORK/server.log" | head -n 1)
+    [[ -n "$tier" ]] || { log "the image's server names no kernel tier:"; grep -i native "$WORK/server.log"; return 1; }
+    log "the image's server runs $tier"
+    local host_port
+    host_port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    setsid "$PYTHON" -m server --port "$host_port" >"$WORK/host-server.log" 2>&1 &
+    HOST_PID=$!
+    wait_healthy "$host_port" "$HOST_PID" "$WORK/host-server.log"
+    log "this checkout's server healthy on the host: $(grep -o 'kernel tier [a-z0-9_]*' "$WORK/host-server.log" | head -n 1)"
+    "$PYTHON" -m loadtest --target "image=http://127.0.0.1:$PORT/v1" --target "host=http://127.0.0.1:$host_port/v1" \
+        --concurrency 32 --num-prompts 32 --rounds 2 --input-len 128 --output-len 128 --ignore-eos --warmup 2 \
+        --output-dir "$WORK/load" >"$WORK/load.log" 2>&1 || { tail -30 "$WORK/load.log"; return 1; }
+    "$PYTHON" - "$WORK/load/results.json" "$MIN_RATIO" <<'PY'
+import json, sys
+from collections import defaultdict
+runs = json.load(open(sys.argv[1]))["runs"]
+tokens, seconds = defaultdict(float), defaultdict(float)
+for run in runs:  # every round of each target: its output tokens over its time
+    tokens[run["target"]] += run["total_output_tokens"]
+    seconds[run["target"]] += run["duration"]
+rate = {t: tokens[t] / seconds[t] for t in tokens}
+ratio = rate["image"] / rate["host"]
+print(f"  c=32 output tok/s: image {rate['image']:.1f}, host {rate['host']:.1f}, image / host {ratio:.3f}")
+sys.exit(0 if float(sys.argv[2]) <= ratio <= 1 / float(sys.argv[2]) else 1)
+PY
+    kill -TERM "$HOST_PID"; wait "$HOST_PID" || true; HOST_PID=""
 }
 
 stop_server() {
@@ -166,6 +211,7 @@ main() {
     "${IN_IMAGE[@]}" "${HEALTHCHECK[@]:1}"  # exits non-zero unless /health answers 200
     log "the image's HEALTHCHECK command passes"
     "$PYTHON" "$REPO/deploy/check_server.py" "http://127.0.0.1:$PORT"
+    compare_with_host || { log "the image's kernels: not within $MIN_RATIO of the host's (or no tier)"; exit 1; }
     stop_server
     log "all checks passed"
 }
