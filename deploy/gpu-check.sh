@@ -31,8 +31,8 @@ case "${1:-}" in
 esac
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-# The CPU reference engines of the parity tests use torch's ops: building the native CPU kernels
-# (a minute of compiling) is not what this check tests.
+# The CPU reference engines of the parity tests use torch's ops: the native CPU kernels (built at
+# install, which this check skips) are not what it tests.
 export LLM_NATIVE_KERNELS=0
 
 if [ "$mode" = cuda ]; then

@@ -20,13 +20,12 @@ from types import ModuleType
 import torch
 
 from common.engine_config import EngineConfig
-from engine.cpuinfo import cpuinfo_field
 from engine.host_limits import available_host_memory, limit_torch_threads
 from engine.malloc import keep_freed_memory
 from engine.models.linear import LinearMethod, OneDnnPackedMethod
 from engine.native import describe as describe_tier
 from engine.native import kernels
-from engine.native.tiers import Tier, choose
+from engine.native.tiers import Tier, choose, cpu_flags
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ class CpuFeatures:
 
     @classmethod
     def detect(cls) -> CpuFeatures:
-        flags = _cpu_flags()
+        flags = cpu_flags()
         return cls(isa=torch.backends.cpu.get_cpu_capability(), avx512_bf16="avx512_bf16" in flags,
                    avx512_vnni="avx512_vnni" in flags, amx_bf16="amx_bf16" in flags, amx_int8="amx_int8" in flags,
                    onednn_bf16=torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -208,6 +207,3 @@ def triton_interpreted() -> bool:
     """Triton kernels run on CPU tensors through the interpreter (set before triton is imported)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1" and triton_available()
 
-
-def _cpu_flags() -> set[str]:
-    return set((cpuinfo_field("flags") or "").split())
