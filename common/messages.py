@@ -256,6 +256,8 @@ class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
     add_generation_prompt: bool = True
     # Chat only: the tools to show the model (OpenAI's tool objects); None: no tools
     tools: list[dict] | None = None
+    # Chat only: extra variables for the chat template (enable_thinking, reasoning_effort, ...)
+    chat_template_kwargs: dict[str, object] | None = None
     prompts: list[str | list[int]] = []
 
 
@@ -266,6 +268,8 @@ class TokenizeRequest(msgspec.Struct, tag=True, kw_only=True):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    tools: list[dict] | None = None  # chat: the tools the prompt shows, as GenerateRequest's
+    chat_template_kwargs: dict[str, object] | None = None
 
 
 class DetokenizeRequest(msgspec.Struct, tag=True):

@@ -10,6 +10,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from common.messages import DetokenizeRequest, TokenizeRequest
 from common.validation import check_token_ids
 from server import chat, completions
+from server.anthropic_messages import router as anthropic_messages
+from server.responses import router as responses
 from server.errors import ERROR_RESPONSES, bad_request, error_response, install_error_handlers, unavailable
 from server.json_body import StrictJSONRoute
 from server.middleware import ApiKeyMiddleware, BodyLimitMiddleware, HeaderLimitMiddleware
@@ -36,6 +38,8 @@ def create_app(state: ServingState) -> FastAPI:
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(completions.router)
+    app.include_router(responses.router)
+    app.include_router(anthropic_messages.router)
     # Added innermost first: the header limits run before the key, the key before the body.
     app.add_middleware(BodyLimitMiddleware, read_timeout_s=state.config.body_read_timeout)
     if state.config.api_key:

@@ -84,6 +84,16 @@ def _tagged(tag_field: str, field: str):
                          custom_error_message="not one of the allowed values")
 
 
+def text_or_list(list_type: Any) -> Any:
+    """`str | list_type`, told apart by the JSON type, so a refusal names the list's own field
+    (`input[0].type`) rather than saying the value is no string."""
+    def tag_of(value: Any) -> str:
+        return "str" if isinstance(value, str) else "list[items]"
+
+    return Annotated[Annotated[str, Tag("str")] | Annotated[list_type, Tag("list[items]")],
+                     Discriminator(tag_of)]
+
+
 class _Message(StrictModel):
     name: str | None = None
 
@@ -240,7 +250,7 @@ class SamplingFields(UnsupportedFieldsCheck):
 
 class ChatCompletionRequest(SamplingFields):
     unsupported: ClassVar[tuple[str, ...]] = (
-        "functions", "function_call", "modalities", "audio", "prediction", "web_search_options", "reasoning_effort",
+        "functions", "function_call", "modalities", "audio", "prediction", "web_search_options",
         "store", "metadata", "service_tier")
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
     max_completion_tokens: int | None = None
@@ -250,6 +260,9 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolIn] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's: the chat template's own variables (server/template_kwargs.py)
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
 
 class CompletionRequest(SamplingFields):

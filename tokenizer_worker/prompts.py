@@ -27,15 +27,16 @@ class PromptTokenizer:
         self.tool_tags_are_special = CALL_OPEN in special or CALL_CLOSE in special
 
     def chat_prompt_ids(self, messages: Sequence[ChatMessage], add_generation_prompt: bool,
-                        tools: list[dict] | None = None) -> list[int]:
-        return self.chat_text_ids(self.chat_text(messages, add_generation_prompt, tools))
+                        tools: list[dict] | None = None, template_kwargs: dict | None = None) -> list[int]:
+        return self.chat_text_ids(self.chat_text(messages, add_generation_prompt, tools, template_kwargs))
 
     def chat_text(self, messages: Sequence[ChatMessage], add_generation_prompt: bool,
-                  tools: list[dict] | None = None) -> str:
-        """The conversation through the model's chat template."""
+                  tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
+        """The conversation through the model's chat template; `template_kwargs` are the
+        template's own variables (the server checked that none is one of ours)."""
         if not self.tokenizer.chat_template:
             raise InvalidRequest("messages", "this model has no chat template; use /v1/completions with a prompt")
-        extra = {}
+        extra = dict(template_kwargs or {})
         if self.template_has_tools:
             conversation = with_template_tools(messages)
             if tools:
