@@ -264,6 +264,7 @@ class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
     # Chat only: the tools to show the model (OpenAI's tool objects); None: no tools
     tools: list[dict] | None = None
     prompts: list[str | list[int]] = []
+    continue_final_message: bool = False  # chat: the last message stays open for the model to continue
 
 
 class TokenizeRequest(msgspec.Struct, tag=True, kw_only=True):
@@ -273,6 +274,8 @@ class TokenizeRequest(msgspec.Struct, tag=True, kw_only=True):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    continue_final_message: bool = False
+    tools: list[dict] | None = None  # chat: the tools shown to the model, as in GenerateRequest
 
 
 class DetokenizeRequest(msgspec.Struct, tag=True):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from common.messages import ChatMessage, ChatToolCall, GenerateRequest, TextDelta, TextLogprob, Usage
+from common.messages import ChatMessage, ChatToolCall, GenerateRequest, SamplingParams, TextDelta, TextLogprob, Usage
 from server.errors import bad_request
 from server.generation import (STREAM_RESPONSE, ChoiceResult, Renderer, ResponseIds, admit, serve_generation,
                                usage_dict)
@@ -12,7 +12,7 @@ from server.prompt_logprobs import WithPromptLogprobs
 from server.protocol import ChatCompletionRequest
 from server.sampling import chat_sampling_params
 from server.structured import requested_grammar
-from server.tool_choice import plan_tools
+from server.tool_choice import ToolPlan, plan_tools
 from server.tool_parser import ToolCall, ToolCallParser
 
 router = APIRouter(route_class=StrictJSONRoute)
@@ -22,6 +22,26 @@ router = APIRouter(route_class=StrictJSONRoute)
 async def chat_completions(body: ChatCompletionRequest, raw: Request):
     state = raw.app.state.serving
     ready = admit(state, body)
+    params, messages, tools = prepare_chat(state, body, ready)
+    ids = ResponseIds.new("chatcmpl", state.served_model_name)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    request = GenerateRequest(request_id=ids.id, sampling_params=params, messages=messages,
+                              add_generation_prompt=body.add_generation_prompt,
+                              tools=None if tools is None else tools.tools,
+                              continue_final_message=body.continue_final_message)
+    renderer: Renderer = ChatRenderer(ids, include_usage, params.logprobs is not None,
+                                      None if tools is None else tools.mode)
+    if body.prompt_logprobs is not None:
+        renderer = WithPromptLogprobs(renderer, body.prompt_logprobs, per_choice=False)
+    return await serve_generation(state, raw, request, params.n, bool(body.stream), include_usage, renderer)
+
+
+def prepare_chat(state, body: ChatCompletionRequest,
+                 ready) -> tuple[SamplingParams, list[ChatMessage], ToolPlan | None]:
+    """The checks and conversions a chat request goes through before it is sent (also for its render)."""
+    if body.continue_final_message and body.add_generation_prompt:
+        raise bad_request("continue_final_message: cannot be true together with add_generation_prompt (set "
+                          "add_generation_prompt to false)", "continue_final_message")
     tools = plan_tools(body)
     grammar = requested_grammar(body)
     if tools is not None and grammar is not None:
@@ -30,17 +50,7 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request):
     if tools is not None:
         grammar = tools.grammar
     params = chat_sampling_params(body, state.generation_defaults, ready.vocab_size, ready.max_model_len, grammar)
-    messages = to_chat_messages(body.messages)
-    ids = ResponseIds.new("chatcmpl", state.served_model_name)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    request = GenerateRequest(request_id=ids.id, sampling_params=params, messages=messages,
-                              add_generation_prompt=body.add_generation_prompt,
-                              tools=None if tools is None else tools.tools)
-    renderer: Renderer = ChatRenderer(ids, include_usage, params.logprobs is not None,
-                                      None if tools is None else tools.mode)
-    if body.prompt_logprobs is not None:
-        renderer = WithPromptLogprobs(renderer, body.prompt_logprobs, per_choice=False)
-    return await serve_generation(state, raw, request, params.n, bool(body.stream), include_usage, renderer)
+    return params, to_chat_messages(body.messages), tools
 
 
 def chat_logprobs(entries: list[TextLogprob]) -> dict:

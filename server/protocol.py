@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
@@ -240,6 +240,18 @@ class SamplingFields(UnsupportedFieldsCheck):
     # stop by stop (shapes and times; server/trace.py); refused unless --enable-trace is set
     trace: bool = False
 
+    # ---- the fields vllm-router adds to every request it forwards (docs/scale-out.md) ----
+    no_stop_trim: bool = False  # SGLang's name of include_stop_str_in_output; either one keeps the stop string
+    return_hidden_states: bool = False  # false only: this server returns no hidden states
+
+    @field_validator("return_hidden_states")
+    @classmethod
+    def _no_hidden_states(cls, value: bool) -> bool:
+        if value:
+            raise PydanticCustomError("unsupported_field", "{field} is not supported by this server",
+                                      {"field": "return_hidden_states"})
+        return value
+
 
 class ChatCompletionRequest(SamplingFields, IgnoredOpenAIFields):
     unsupported: ClassVar[tuple[str, ...]] = (
@@ -253,6 +265,15 @@ class ChatCompletionRequest(SamplingFields, IgnoredOpenAIFields):
     tools: list[ToolIn] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # ---- vllm-router's chat fields ----
+    # The last (assistant) message is left open and the model continues it (vLLM's meaning)
+    continue_final_message: bool = False
+    # The reasoning switches (vLLM's include_reasoning, SGLang's separate_reasoning and
+    # stream_reasoning): no reasoning parser runs here, so the text is never split into reasoning
+    # and content and every value means the same
+    include_reasoning: bool = True
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
 
 class CompletionRequest(SamplingFields, IgnoredOpenAIFields):

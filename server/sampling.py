@@ -93,7 +93,7 @@ def _sampling_params(body: SamplingFields, defaults: dict, vocab_size: int, max_
         repetition_penalty=pick("repetition_penalty", 1.0), presence_penalty=pick("presence_penalty", 0.0),
         frequency_penalty=pick("frequency_penalty", 0.0), logit_bias=logit_bias, seed=body.seed,
         logprobs=logprobs, stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
-        stop=stop, include_stop_str_in_output=body.include_stop_str_in_output,
+        stop=stop, include_stop_str_in_output=body.include_stop_str_in_output or body.no_stop_trim,
         skip_special_tokens=body.skip_special_tokens, structured_outputs=structured,
         batch_invariant=body.batch_invariant, trace=body.trace, prompt_logprobs=prompt_logprobs, echo=echo)
     try:

@@ -38,7 +38,7 @@ class Request:
         self.block_ids: list[int] = []
         # Prefix-cache bookkeeping: hashes of the full blocks so far, in order (extended as they
         # fill), and how many leading blocks were offered to the cache already.
-        self.block_hashes: list[int] = []
+        self.block_hashes: list[bytes] = []
         self.num_registered_blocks = 0
         self.stop_token_ids: set[int] = set()  # the ids that end it (set by the scheduler)
         # Speculative decoding: this step's draft (scheduled after the last sampled token, not
