@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from common.engine_config import EngineConfig
+from common.kv_events_config import KVEventsConfig
 from common.speculative_config import SpeculativeConfig
 from engine.llm_engine import LLMEngine
 from common.messages import SamplingParams, TokenLogprob
@@ -42,6 +43,9 @@ class LLM:
         spec = engine_kwargs.get("speculative_config")
         if isinstance(spec, dict):  # as vLLM's LLM(..., speculative_config={...})
             engine_kwargs["speculative_config"] = SpeculativeConfig.from_json(json.dumps(spec))
+        events = engine_kwargs.get("kv_events_config")
+        if isinstance(events, dict):  # as vLLM's LLM(..., kv_events_config={...})
+            engine_kwargs["kv_events_config"] = KVEventsConfig.from_json(json.dumps(events))
         self.engine = LLMEngine(EngineConfig(model=model, **engine_kwargs))
         self._tokenizer = None
         self._next_id = 0

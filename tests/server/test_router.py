@@ -15,8 +15,11 @@ import time
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
+import zmq
 
+from engine.core.block_hash import external_hash, hash_block
 from loadtest.servers import ManagedServer, free_port
 from server_process import ServerProcess, parse_sse
 
@@ -106,6 +109,32 @@ def test_replicas_export_the_metrics_routers_and_autoscalers_read(replicas):
     assert values["vllm:gpu_cache_usage_perc"] == values["vllm:kv_cache_usage_perc"]
 
 
+def test_events_carry_the_hashes_a_router_computes_from_the_prompt(replicas):
+    """A replica's BlockStored events for a prompt: its full blocks' tokens, and the sha256 chain
+    that anyone computes from those tokens alone (engine/core/block_hash.py)."""
+    replica = replicas[0]
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.connect(f"tcp://127.0.0.1:{replica.events_port}")
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    time.sleep(0.5)  # subscribed before the request
+    prompt = [random.Random(5).randrange(100, 40000) for _ in range(40)]  # 2 full blocks of 16, and 8
+    r = httpx.post(f"{replica.url}/v1/completions", json={"prompt": prompt, "max_tokens": 1, "temperature": 0},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    stored = []
+    while sub.poll(2000):
+        topic, seq, payload = sub.recv_multipart()
+        batch = msgspec.msgpack.decode(payload)
+        assert isinstance(batch, list) and isinstance(batch[0], float) and batch[2] == 0  # [ts, events, rank]
+        stored += [e for e in batch[1] if e["type"] == "BlockStored"]  # only this request runs now
+    sub.close(linger=0)
+    h1 = hash_block(None, prompt[:16])
+    h2 = hash_block(h1, prompt[16:32])
+    assert [h for e in stored for h in e["block_hashes"]] == [external_hash(h1), external_hash(h2)]
+    assert stored[0]["parent_block_hash"] is None and [t for e in stored for t in e["token_ids"]] == prompt[:32]
+    assert stored[0]["block_size"] == 16 and stored[0]["medium"] == "GPU"
+
+
 def _words(rng: random.Random, n: int) -> str:
     vocab = ["river", "mountain", "copper", "lantern", "orchard", "violet", "harbor", "engine", "meadow", "signal",
              "pepper", "canyon", "marble", "thunder", "velvet", "glacier", "saddle", "compass", "ember", "falcon"]
@@ -192,3 +221,42 @@ def test_a_replica_that_drains_mid_run_loses_no_request(replicas):
     finally:
         router.stop()
     assert results == [200] * len(prompts), results
+
+
+def test_a_replica_killed_mid_run_loses_no_request_the_router_retries(replicas):
+    """SIGKILL, no drain: the requests it was running fail at the router's connection to it, and the
+    router sends them (not yet answered) and every later one to the replica left. Runs after the
+    drain test, with a new replica in the drained one's place."""
+    survivor, doomed = replicas[0], Replica().wait_ready()
+    try:
+        router = Router([survivor, doomed], "round_robin", "--health-check-interval-secs", "1",
+                        "--health-failure-threshold", "1", "--retry-max-retries", "5")
+        results: list[int] = []
+        lock = threading.Lock()
+        rng = random.Random(6)
+        prompts = [f"Tale {i}: " + _words(rng, 20) for i in range(24)]
+
+        def client(mine: list[str]) -> None:
+            with httpx.Client(timeout=120) as http:
+                for prompt in mine:
+                    r = http.post(f"{router.url}/v1/completions",
+                                  json={"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0})
+                    with lock:
+                        results.append(r.status_code)
+
+        try:
+            threads = [threading.Thread(target=client, args=(prompts[i::4],)) for i in range(4)]
+            for t in threads:
+                t.start()
+            while len(results) < 6:
+                time.sleep(0.05)
+            running = doomed.counter("vllm:num_requests_running")
+            doomed._signal_group(signal.SIGKILL)  # the server and its engine, at once
+            for t in threads:
+                t.join(300)
+        finally:
+            router.stop()
+        print(f"killed with {running:.0f} running; statuses {sorted(results)}")
+        assert results == [200] * len(prompts), results
+    finally:
+        doomed.stop()
