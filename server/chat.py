@@ -6,10 +6,12 @@ from dataclasses import dataclass
 import msgspec
 from fastapi import APIRouter, Request
 
-from common.messages import ChatMessage, ChatToolCall, GenerateRequest, TextDelta, TextLogprob, Usage
+from common.messages import ChatMessage, ChatToolCall, GenerateRequest, SamplingParams, TextDelta, TextLogprob, Usage
 from server.errors import bad_request
-from server.generation import STREAM_RESPONSE, ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
+from server.generation import (STREAM_RESPONSE, ChoiceResult, Renderer, ResponseIds, admit, serve_generation,
+                               usage_dict)
 from server.json_body import StrictJSONRoute
+from server.prompt_logprobs import WithPromptLogprobs
 from server.protocol import ChatCompletionRequest
 from server.sampling import chat_sampling_params
 from server.structured import requested_grammar
@@ -22,6 +24,22 @@ from server.tool_parser import ToolCall, ToolCallParser
 router = APIRouter(route_class=StrictJSONRoute)
 
 
+@router.post("/v1/chat/completions", responses=STREAM_RESPONSE)
+async def chat_completions(body: ChatCompletionRequest, raw: Request):
+    state = raw.app.state.serving
+    ready = admit(state, body)
+    ids = ResponseIds.new("chatcmpl", state.served_model_name)
+    plan = plan_chat(state, ready, body, ids.id)
+    params = plan.request.sampling_params
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    renderer: Renderer = ChatRenderer(ids, include_usage, params.logprobs is not None,
+                                      None if plan.tools is None else plan.tools.mode, plan.reasoning_parser,
+                                      body.include_reasoning)
+    if body.prompt_logprobs is not None:
+        renderer = WithPromptLogprobs(renderer, body.prompt_logprobs, per_choice=False)
+    return await serve_generation(state, raw, plan.request, params.n, bool(body.stream), include_usage, renderer)
+
+
 @dataclass
 class ChatPlan:
     """A checked chat request, ready to be sent: what /v1/responses and /v1/messages build too."""
@@ -31,9 +49,20 @@ class ChatPlan:
     reasoning_parser: str | None  # the server's, when this request's template lets the model think
 
 
+def prepare_chat(state, body: ChatCompletionRequest,
+                 ready) -> tuple[SamplingParams, list[ChatMessage], ToolPlan | None]:
+    """The checks and conversions a chat request goes through before it is sent (also for its render)."""
+    plan = plan_chat(state, ready, body, "")
+    assert plan.request.messages is not None
+    return plan.request.sampling_params, plan.request.messages, plan.tools
+
+
 def plan_chat(state, ready, body: ChatCompletionRequest, request_id: str,
               messages: list[ChatMessage] | None = None) -> ChatPlan:
     """The checks and the GenerateRequest of a chat request (`messages`: already converted)."""
+    if body.continue_final_message and body.add_generation_prompt:
+        raise bad_request("continue_final_message: cannot be true together with add_generation_prompt (set "
+                          "add_generation_prompt to false)", "continue_final_message")
     tools = plan_tools(body)
     grammar = requested_grammar(body)
     if tools is not None and grammar is not None:
@@ -44,29 +73,17 @@ def plan_chat(state, ready, body: ChatCompletionRequest, request_id: str,
     kwargs = template_kwargs(state.config.default_chat_template_kwargs, body.chat_template_kwargs,
                              body.reasoning_effort)
     parser = state.config.reasoning_parser
-    if parser is not None and parser == "qwen3" and not thinking_enabled(kwargs):
-        parser = None  # the template closed the think block in the prompt
+    if parser is not None and not thinking_enabled(kwargs):
+        parser = None  # the template closed the think block in the prompt: all of the output is answer
     if grammar is not None and parser is not None:
         grammar = after_reasoning(grammar, parser)
     params = chat_sampling_params(body, state.generation_defaults, ready.vocab_size, ready.max_model_len, grammar)
     request = GenerateRequest(request_id=request_id, sampling_params=params,
                               messages=to_chat_messages(body.messages) if messages is None else messages,
                               add_generation_prompt=body.add_generation_prompt,
-                              tools=None if tools is None else tools.tools, chat_template_kwargs=kwargs)
+                              tools=None if tools is None else tools.tools, chat_template_kwargs=kwargs,
+                              continue_final_message=body.continue_final_message)
     return ChatPlan(request, tools, parser)
-
-
-@router.post("/v1/chat/completions", responses=STREAM_RESPONSE)
-async def chat_completions(body: ChatCompletionRequest, raw: Request):
-    state = raw.app.state.serving
-    ready = admit(state, body)
-    ids = ResponseIds.new("chatcmpl", state.served_model_name)
-    plan = plan_chat(state, ready, body, ids.id)
-    params = plan.request.sampling_params
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    renderer = ChatRenderer(ids, include_usage, params.logprobs is not None,
-                            None if plan.tools is None else plan.tools.mode, plan.reasoning_parser)
-    return await serve_generation(state, raw, plan.request, params.n, bool(body.stream), include_usage, renderer)
 
 
 def chat_logprobs(entries: list[TextLogprob]) -> dict:
@@ -83,9 +100,10 @@ class ChatRenderer:
     ends with "tool_calls", except under a named tool_choice, where OpenAI and vLLM say "stop"."""
 
     def __init__(self, ids: ResponseIds, include_usage: bool, want_logprobs: bool, tool_mode: str | None = None,
-                 reasoning_parser: str | None = None):
+                 reasoning_parser: str | None = None, include_reasoning: bool = True):
         self.ids = ids
         self.reasoning_parser = reasoning_parser  # reasoning goes to reasoning_content (vLLM's field)
+        self.include_reasoning = include_reasoning  # false: the reasoning is split off and left out
         self.reasoners: dict[int, ReasoningParser] = {}
         self.include_usage = include_usage
         self.want_logprobs = want_logprobs
@@ -121,7 +139,7 @@ class ChatRenderer:
             reasoner = self.reasoners.setdefault(i, ReasoningParser(self.reasoning_parser))
             pieces = reasoner.feed(delta.text) + (reasoner.finish() if delta.finish_reason is not None else [])
             reasoning = "".join(v for k, v in pieces if k == "reasoning")
-            if reasoning:
+            if reasoning and self.include_reasoning:
                 out.append(self._chunk({"index": i, "delta": {"reasoning_content": reasoning}, "logprobs": logprobs,
                                         "finish_reason": None}))
                 logprobs = None
@@ -194,7 +212,9 @@ class ChatRenderer:
         text = c.text
         message: dict = {"role": "assistant", "content": text}
         if self.reasoning_parser is not None:
-            message["reasoning_content"], text = split_reasoning(self.reasoning_parser, text)
+            reasoning, text = split_reasoning(self.reasoning_parser, text)
+            if self.include_reasoning:
+                message["reasoning_content"] = reasoning
             message["content"] = text
         reason = c.finish_reason
         if self.parse_tools:

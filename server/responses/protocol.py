@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
+from server.ignored_fields import IgnoredOpenAIFields
 from server.protocol import _NEUTRAL, StrictModel, UnsupportedFieldsCheck, text_or_list
 
 _TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -162,7 +163,7 @@ class StreamOptions(StrictModel):
     include_obfuscation: bool | None = None  # no obfuscation padding is sent
 
 
-class ResponsesRequest(UnsupportedFieldsCheck):
+class ResponsesRequest(UnsupportedFieldsCheck, IgnoredOpenAIFields):
     unsupported: ClassVar[tuple[str, ...]] = (
         "background", "conversation", "prompt", "max_tool_calls", "top_logprobs", "truncation", "include",
         "context_management")
@@ -183,11 +184,6 @@ class ResponsesRequest(UnsupportedFieldsCheck):
     reasoning: ReasoningConfig | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: passed to the chat template
     metadata: dict[str, str] | None = None  # echoed back
-    user: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
-    service_tier: str | None = None
     # vLLM's sampling extensions
     top_k: int | None = None
     seed: int | None = None
