@@ -117,9 +117,7 @@ class BlockManager:
         tokens, bs = req.token_ids, self.block_size
         while len(hashes) < num_full_blocks:
             i = len(hashes)
-            # A batch-invariant request's K/V differ in their low bits from the fast paths' ones,
-            # so the two kinds never share cached blocks.
-            parent = hashes[-1] if hashes else ("batch-invariant" if req.params.batch_invariant else None)
+            parent = hashes[-1] if hashes else _chain_seed(req)
             hashes.append(hash((parent, tuple(tokens[i * bs:(i + 1) * bs]))))
         return hashes
 
@@ -146,3 +144,14 @@ class BlockManager:
             self.block_hash[b] = None
             if self.hash_to_block.get(h) == b:
                 del self.hash_to_block[h]
+
+
+def _chain_seed(req: Request) -> object:
+    """What a request's first block hash starts from: the extra keys its KV depends on besides the
+    tokens (as vLLM's block-hash extra keys). A batch-invariant request's K/V differ in their low
+    bits from the fast paths' ones, and a LoRA adapter's K/V from the base model's and every other
+    adapter's (keyed by the id of its load), so none of them share cached blocks."""
+    invariant = "batch-invariant" if req.params.batch_invariant else None
+    if req.params.lora is None:
+        return invariant
+    return (invariant, "lora", req.params.lora.id)

@@ -34,6 +34,7 @@ class InputBatch:
         self.block_table = CpuGpuBuffer((max_num_seqs, cdiv(max_model_len, block_size)), torch.int32, device)
         self.num_blocks = np.zeros(max_num_seqs, np.int64)
         self.batch_invariant = np.zeros(max_num_seqs, bool)  # rows whose outputs must not depend on the batch
+        self.lora_id = np.zeros(max_num_seqs, np.int64)  # the row's LoRA adapter id, 0: the base model
         self.sampling = SamplingState(max_num_seqs, vocab_size, device, eos_token_ids)
 
     def add(self, request_id: str, token_ids: list[int], num_prompt_tokens: int, block_ids: list[int],
@@ -48,6 +49,7 @@ class InputBatch:
         self.num_computed_tokens[row] = num_computed_tokens
         self.num_blocks[row] = 0
         self.batch_invariant[row] = params.batch_invariant
+        self.lora_id[row] = 0 if params.lora is None else params.lora.id
         self.append_blocks(row, block_ids)
         self.sampling.add_row(row, params, token_ids[:num_prompt_tokens], token_ids[num_prompt_tokens:], generator)
         return row
@@ -57,6 +59,7 @@ class InputBatch:
         if row is None:
             return  # never had a row here (aborted while waiting) or already gone
         self.sampling.remove_row(row)
+        self.lora_id[row] = 0
         heapq.heappush(self._free_rows, row)
 
     def append_blocks(self, row: int, block_ids: list[int]) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from engine.attention.base import StepInputs
+from engine.lora.context import StepLora
 
 
 @dataclass
@@ -30,3 +31,5 @@ class ModelInputs:
     # among the logits rows; None when no request in the step asks
     invariant_token_start: int | None = None
     invariant_logits_start: int | None = None
+    # The LoRA slot groups of the step's rows; None when no row runs an adapter
+    lora: StepLora | None = None
