@@ -31,6 +31,8 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     num_cached_tokens: int = 0
+    # With SamplingParams.prompt_logprobs (as vLLM's): per prompt token [it, then the k best], the first None
+    prompt_logprobs: list[list[TokenLogprob] | None] | None = None
 
 
 class LLM:
@@ -96,6 +98,8 @@ class LLM:
                     completion.logprobs.extend(delta.logprobs)
                 if delta.num_cached_tokens is not None:  # on a request's first delta
                     out.num_cached_tokens = delta.num_cached_tokens
+                if delta.prompt_logprobs is not None and out.prompt_logprobs is None:
+                    out.prompt_logprobs = [None, *delta.prompt_logprobs]
                 if delta.finish_reason is not None:
                     completion.finish_reason, completion.stop_reason = delta.finish_reason, delta.stop_reason
                     bar.update(1)

@@ -5,8 +5,10 @@ from fastapi import APIRouter, Request
 
 from common.messages import ChatMessage, ChatToolCall, GenerateRequest, SamplingParams, TextDelta, TextLogprob, Usage
 from server.errors import bad_request
-from server.generation import STREAM_RESPONSE, ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
+from server.generation import (STREAM_RESPONSE, ChoiceResult, Renderer, ResponseIds, admit, serve_generation,
+                               usage_dict)
 from server.json_body import StrictJSONRoute
+from server.prompt_logprobs import WithPromptLogprobs
 from server.protocol import ChatCompletionRequest
 from server.sampling import chat_sampling_params
 from server.structured import requested_grammar
@@ -27,7 +29,10 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request):
                               add_generation_prompt=body.add_generation_prompt,
                               tools=None if tools is None else tools.tools,
                               continue_final_message=body.continue_final_message)
-    renderer = ChatRenderer(ids, include_usage, params.logprobs is not None, None if tools is None else tools.mode)
+    renderer: Renderer = ChatRenderer(ids, include_usage, params.logprobs is not None,
+                                      None if tools is None else tools.mode)
+    if body.prompt_logprobs is not None:
+        renderer = WithPromptLogprobs(renderer, body.prompt_logprobs, per_choice=False)
     return await serve_generation(state, raw, request, params.n, bool(body.stream), include_usage, renderer)
 
 

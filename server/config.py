@@ -11,15 +11,17 @@ from dataclasses import dataclass
 
 from common.cli_args import add_dataclass_args, dataclass_from_args, env_name, opt
 from common.engine_config import EngineConfig
+from server.cors import json_list
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = opt("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
     port: int = opt(8000, "port to listen on")
-    served_model_name: str | None = opt(
-        None, "model id that clients send and /v1/models lists; default: MODEL as given, or "
-              "SmolLM2-135M-Instruct for the embedded model")
+    served_model_name: tuple[str, ...] = opt(
+        (), "one or more model ids that clients may send, separated by spaces; /v1/models lists each, and "
+            "responses and metrics carry the first; default: MODEL as given, or SmolLM2-135M-Instruct for the "
+            "embedded model", parse=str, nargs="+", metavar="NAME")
     api_key: str | None = opt(None, "require 'Authorization: Bearer <key>' on /v1/*, /tokenize, /detokenize",
                                secret=True)
     max_queued_requests: int = opt(
@@ -39,6 +41,16 @@ class ServerConfig:
         False, 'accept "trace": true on the generation endpoints: the response then carries the request\'s '
                "shapes and times at every stop (chat template, tokenization, each operator of layer 0 for the "
                "prefill and one decode step, sampling, detokenization); off, such a request gets a 400")
+    allowed_origins: tuple[str, ...] = opt(
+        (), 'origins that browsers may call the API from, a JSON list: \'["https://app.example"]\' or \'["*"]\'; '
+            "default none: no CORS headers, so pages on other origins cannot read the answers",
+        parse=json_list, metavar="JSON")
+    allowed_methods: tuple[str, ...] = opt(("*",), "the methods allowed cross-origin (with allowed origins), "
+                                                   "a JSON list", parse=json_list, metavar="JSON")
+    allowed_headers: tuple[str, ...] = opt(("*",), "the request headers allowed cross-origin (with allowed "
+                                                   "origins), a JSON list", parse=json_list, metavar="JSON")
+    allow_credentials: bool = opt(False, "allow cookies and Authorization on cross-origin requests (with allowed "
+                                         "origins; Access-Control-Allow-Credentials)")
     log_level: str = opt("info", "debug | info | warning | error")
 
 

@@ -1,8 +1,10 @@
 """Request bodies of the OpenAI API (and vLLM's extensions) as strict pydantic models.
 
 Unknown fields are rejected (extra="forbid"), and so are known OpenAI fields this server does
-not implement, unless they carry their neutral value (functions=[], store false, ...):
-a request is never served with part of it silently ignored. Types are strict, and the body
+not implement, unless they carry their neutral value (functions=[], modalities ["text"], ...):
+a request is never served with part of it silently ignored. The OpenAI fields that have no
+effect on a local server (`user`, `store`, `metadata`, ...) are accepted and ignored, as vLLM
+does (`server.ignored_fields`). Types are strict, and the body
 itself was parsed by `server.json_body` (valid Unicode, no duplicate keys, bounded size). Range checks of the sampling
 fields live in `common.validation`, shared with the engine.
 """
@@ -14,18 +16,17 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
+from server.ignored_fields import IgnoredOpenAIFields
+
 # name -> is the value neutral (same as not sending the field)?
 _NEUTRAL = {
     "functions": lambda v: v in (None, []),
     "function_call": lambda v: v in (None, "none"),
     "modalities": lambda v: v in (None, ["text"]),
     "audio": lambda v: v is None,
-    "prediction": lambda v: v is None,
     "web_search_options": lambda v: v is None,
     "reasoning_effort": lambda v: v is None,
-    "store": lambda v: v in (None, False),
-    "metadata": lambda v: v in (None, {}),
-    "service_tier": lambda v: v in (None, "auto", "default"),
+    "moderation": lambda v: v is None,
     "echo": lambda v: v in (None, False),
     "suffix": lambda v: v in (None, ""),
     "best_of": lambda v: v in (None, 1),
@@ -202,6 +203,9 @@ class StructuredOutputsParams(StrictModel):
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
+    # OpenAI pads its stream chunks against length side channels; over a local link: no effect
+    include_obfuscation: bool | None = Field(None, description="Accepted and ignored (no padding is added)",
+                                             json_schema_extra={"x-ignored": True})
 
 
 class SamplingFields(UnsupportedFieldsCheck):
@@ -219,7 +223,6 @@ class SamplingFields(UnsupportedFieldsCheck):
     logit_bias: dict[str, float] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    user: str | None = None  # an end-user id for the caller's own abuse tracking; no effect here
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
@@ -250,14 +253,14 @@ class SamplingFields(UnsupportedFieldsCheck):
         return value
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, IgnoredOpenAIFields):
     unsupported: ClassVar[tuple[str, ...]] = (
-        "functions", "function_call", "modalities", "audio", "prediction", "web_search_options", "reasoning_effort",
-        "store", "metadata", "service_tier")
+        "functions", "function_call", "modalities", "audio", "web_search_options", "reasoning_effort", "moderation")
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs, and k alternatives each
     add_generation_prompt: bool = True
     tools: list[ToolIn] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -273,12 +276,16 @@ class ChatCompletionRequest(SamplingFields):
     stream_reasoning: bool = True
 
 
-class CompletionRequest(SamplingFields):
-    unsupported: ClassVar[tuple[str, ...]] = ("echo", "suffix", "best_of", "store", "metadata", "service_tier")
+class CompletionRequest(SamplingFields, IgnoredOpenAIFields):
+    unsupported: ClassVar[tuple[str, ...]] = ("suffix", "best_of")
     # One prompt or a batch: text, or token ids.
     prompt: str | Annotated[list[str], Field(min_length=1)] | Annotated[list[int], Field(min_length=1)] \
         | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
     logprobs: int | None = None
+    # The prompt before the completion (in `text`, and in `logprobs` with its tokens' logprobs, the
+    # first null); with echo, max_tokens may be 0: the prompt alone
+    echo: bool = False
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs, and k alternatives each
 
 
 class TokenizeBody(StrictModel):

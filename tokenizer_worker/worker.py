@@ -141,7 +141,10 @@ class TokenizerWorker:
                     self.prompts.tokenizer, ids, skip_special_tokens=skip_special,
                     stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
                 check = StreamCheck(detokenizer) if self.detokenize_check else None
-                req.add_choice(Choice(index, p, child_id, detokenizer, stream_check=check))
+                choice = Choice(index, p, child_id, detokenizer, stream_check=check)
+                if params.echo or params.prompt_logprobs is not None:
+                    choice.prompt, choice.prompt_ids = (msg.prompts[p] if msg.messages is None else ids), ids
+                req.add_choice(choice)
                 if child_params.trace and index != TRACED_CHOICE:
                     child_params = msgspec.structs.replace(child_params, trace=False)
                 engine_requests.append(EngineRequest(child_id, ids, child_params))
@@ -219,7 +222,7 @@ class TokenizerWorker:
             if entry is None:
                 continue  # aborted or finished here already; the engine's late output is dropped
             req, choice = entry
-            result = req.on_token_delta(choice, d, self.token_text)
+            result = req.on_token_delta(choice, d, self.token_text, self.prompts.tokenizer)
             if result.abort_in_engine:
                 stop_hits.append(choice.child_id)
             if choice.finished:

@@ -59,7 +59,9 @@ class BlockManager:
         compute; the return value is how many are scheduled. All or nothing on failure.
         """
         first = not req.block_ids
-        cached = self._find_cached_prefix(req) if first and self.enable_prefix_caching else []
+        # A request that asks for prompt logprobs computes its whole prompt: cached blocks hold no logits
+        lookup = self.enable_prefix_caching and req.params.prompt_logprobs is None
+        cached = self._find_cached_prefix(req) if first and lookup else []
         num_computed = len(cached) * self.block_size if first else req.num_computed_tokens
         num_new_tokens = min(num_new_tokens, req.num_tokens_with_pending - num_computed)  # drafts get slots too
         need = self.blocks_needed(num_computed + num_new_tokens) - len(req.block_ids) - len(cached)
