@@ -263,6 +263,8 @@ class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
     add_generation_prompt: bool = True
     # Chat only: the tools to show the model (OpenAI's tool objects); None: no tools
     tools: list[dict] | None = None
+    # Chat only: extra variables for the chat template (enable_thinking, reasoning_effort, ...)
+    chat_template_kwargs: dict[str, object] | None = None
     prompts: list[str | list[int]] = []
     continue_final_message: bool = False  # chat: the last message stays open for the model to continue
 
@@ -276,6 +278,7 @@ class TokenizeRequest(msgspec.Struct, tag=True, kw_only=True):
     return_token_strs: bool = False
     continue_final_message: bool = False
     tools: list[dict] | None = None  # chat: the tools shown to the model, as in GenerateRequest
+    chat_template_kwargs: dict[str, object] | None = None
 
 
 class DetokenizeRequest(msgspec.Struct, tag=True):

@@ -10,7 +10,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from common.messages import DetokenizeRequest, TokenizeRequest
 from common.validation import check_token_ids
 from server import chat, completions, render, router_info
+from server.anthropic_messages import router as anthropic_messages
 from server.cors import add_cors
+from server.responses import router as responses
 from server.errors import ERROR_RESPONSES, bad_request, error_response, install_error_handlers, unavailable
 from server.json_body import StrictJSONRoute
 from server.middleware import ApiKeyMiddleware, BodyLimitMiddleware, HeaderLimitMiddleware
@@ -39,6 +41,8 @@ def create_app(state: ServingState) -> FastAPI:
     app.include_router(completions.router)
     app.include_router(render.router)  # vLLM's render endpoints, which vllm-router calls first
     app.include_router(router_info.router)  # what a KV-aware router asks a replica it discovers
+    app.include_router(responses.router)
+    app.include_router(anthropic_messages.router)
     # Added innermost first: the header limits run before the key, the key before the body.
     app.add_middleware(BodyLimitMiddleware, read_timeout_s=state.config.body_read_timeout)
     if state.config.api_key:

@@ -6,12 +6,20 @@ MODEL is LLM_MODEL.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass
 
 from common.cli_args import add_dataclass_args, dataclass_from_args, env_name, opt
 from common.engine_config import EngineConfig
 from server.cors import json_list
+
+
+def _json_object(text: str) -> dict:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,16 @@ class ServerConfig:
     tool_call_parser: str = opt(
         "auto", "how tool calls are written and read: hermes (<tool_call> JSON blocks, the one format implemented; "
                 "auto picks it for every chat template)", choices=("auto", "hermes"))
+    reasoning_parser: str | None = opt(
+        None, "split the model's <think>...</think> out of its answer: reasoning_content on chat completions, a "
+              "reasoning item on /v1/responses, a thinking block on /v1/messages (qwen3: a block the output "
+              "opens; deepseek_r1: the prompt opened it)", choices=("qwen3", "deepseek_r1"))
+    default_chat_template_kwargs: dict | None = opt(
+        None, "JSON object of chat template variables for every request (e.g. '{\"enable_thinking\": false}'); "
+              "a request's chat_template_kwargs override them", parse=lambda text: _json_object(text), metavar="JSON")
+    max_stored_responses: int = opt(
+        1024, "responses of /v1/responses kept in memory for previous_response_id and GET /v1/responses/{id} "
+              "(the oldest go first); 0 keeps none")
     detokenize_check: bool = opt(
         True, "compare each finished choice's streamed text with one full decode of its tokens; a difference "
               "counts in llm:detokenize_mismatch_total and is logged with both texts")

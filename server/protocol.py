@@ -85,6 +85,16 @@ def _tagged(tag_field: str, field: str):
                          custom_error_message="not one of the allowed values")
 
 
+def text_or_list(list_type: Any) -> Any:
+    """`str | list_type`, told apart by the JSON type, so a refusal names the list's own field
+    (`input[0].type`) rather than saying the value is no string."""
+    def tag_of(value: Any) -> str:
+        return "str" if isinstance(value, str) else "list[items]"
+
+    return Annotated[Annotated[str, Tag("str")] | Annotated[list_type, Tag("list[items]")],
+                     Discriminator(tag_of)]
+
+
 class _Message(StrictModel):
     name: str | None = None
 
@@ -255,7 +265,7 @@ class SamplingFields(UnsupportedFieldsCheck):
 
 class ChatCompletionRequest(SamplingFields, IgnoredOpenAIFields):
     unsupported: ClassVar[tuple[str, ...]] = (
-        "functions", "function_call", "modalities", "audio", "web_search_options", "reasoning_effort", "moderation")
+        "functions", "function_call", "modalities", "audio", "web_search_options", "moderation")
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
@@ -269,11 +279,14 @@ class ChatCompletionRequest(SamplingFields, IgnoredOpenAIFields):
     # The last (assistant) message is left open and the model continues it (vLLM's meaning)
     continue_final_message: bool = False
     # The reasoning switches (vLLM's include_reasoning, SGLang's separate_reasoning and
-    # stream_reasoning): no reasoning parser runs here, so the text is never split into reasoning
-    # and content and every value means the same
+    # stream_reasoning): with --reasoning-parser, include_reasoning false leaves the reasoning
+    # out of the answer; the others keep their defaults' meaning (reasoning separate and streamed)
     include_reasoning: bool = True
     separate_reasoning: bool = True
     stream_reasoning: bool = True
+    # vLLM's: the chat template's own variables (server/template_kwargs.py)
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
 
 class CompletionRequest(SamplingFields, IgnoredOpenAIFields):

@@ -117,7 +117,7 @@ class TokenizerWorker:
         params = msg.sampling_params
         if msg.messages is not None:
             text, template_ms = timed(self.prompts.chat_text, msg.messages, msg.add_generation_prompt, msg.tools,
-                                           msg.continue_final_message)
+                                      msg.continue_final_message, msg.chat_template_kwargs)
             ids, tokenize_ms = timed(self.prompts.chat_text_ids, text)
             field, prompts = "messages", [ids]
             traced_stops = chat_stops(msg.messages, text, ids, template_ms, tokenize_ms) if params.trace else []
@@ -192,7 +192,7 @@ class TokenizerWorker:
     def tokenize(self, msg: TokenizeRequest) -> None:
         if msg.messages is not None:
             ids = self.prompts.chat_prompt_ids(msg.messages, msg.add_generation_prompt, msg.tools,
-                                               msg.continue_final_message)
+                                               msg.continue_final_message, msg.chat_template_kwargs)
         else:
             ids = self.prompts.text_prompt_ids(msg.prompt or "", msg.add_special_tokens)
         strs = self.prompts.token_strs(ids) if msg.return_token_strs else None
