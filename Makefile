@@ -3,7 +3,6 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-NATIVE_STAMP := build/.native-$(LLM_CPU_KERNEL_TIERS)
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
@@ -11,6 +10,7 @@ PORT ?= 8000
 # this CPU runs) or names (engine/native/tiers.py).
 LLM_CPU_KERNEL_TIERS ?= all
 export LLM_CPU_KERNEL_TIERS
+NATIVE_STAMP := build/.native-$(LLM_CPU_KERNEL_TIERS)
 
 .PHONY: install native serve test lint bench-engine bench docker-test gpu-check gpu-check-cpu gpu-check-wheels
 

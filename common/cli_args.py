@@ -59,7 +59,10 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ..
         env = env_name(f.name, env_prefix) if env_prefix is not None else None
         if env is not None and os.environ.get(env) is not None:
             text = os.environ[env]
-            default = _parse_bool(text) if parse is bool else parse(text)
+            if kwargs.get("nargs") in ("+", "*"):  # a list flag: the variable's words, each parsed
+                default = tuple(parse(word) for word in text.split())
+            else:
+                default = _parse_bool(text) if parse is bool else parse(text)
         notes = [f"env {env}"] if env is not None else []
         if not (default is None or default is False or default == ()):
             notes.append(f"default {'(set)' if meta.get('secret') else default}")

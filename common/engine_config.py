@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from common.cli_args import opt
+from common.kv_events_config import KVEventsConfig, parse_kv_events_config
 from common.speculative_config import SpeculativeConfig, parse_speculative_config
 
 
@@ -55,6 +56,11 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = opt(
         None, 'n-gram speculative decoding, as vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
               '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\'', parse=parse_speculative_config,
+        metavar="JSON")
+    kv_events_config: KVEventsConfig | None = opt(
+        None, 'publish KV cache events (blocks stored, removed, all cleared) for KV-aware routers, as vLLM\'s '
+              'JSON: \'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+              '"replay_endpoint": "tcp://*:5558", "topic": ""}\' (docs/scale-out.md)', parse=parse_kv_events_config,
         metavar="JSON")
     grammar_compile_timeout: float = opt(
         10.0, "seconds a structured-outputs grammar (response_format, structured_outputs, tools) may take to "

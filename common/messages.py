@@ -59,6 +59,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logit_bias: dict[int, float] | None = None
     seed: int | None = None
     logprobs: int | None = None  # None: none; k >= 0: the sampled token plus k alternatives
+    # None: none; k >= 0: each prompt token's logprob (but the first's) plus k alternatives
+    prompt_logprobs: int | None = None
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     structured_outputs: StructuredOutputs | None = None  # None: unconstrained
@@ -72,6 +74,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop: list[str] = []
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    echo: bool = False  # a choice's first delta carries its prompt (PromptEcho)
 
 
 # ---- to the engine ----------------------------------------------------------------------
@@ -171,6 +174,10 @@ class TokenDelta(msgspec.Struct, array_like=True):
     num_cached_tokens: int | None = None
     error: str | None = None  # with finish_reason "error": why the engine refused the request
     trace: EngineTrace | None = None  # a traced request: the part recorded in this step
+    # With prompt_logprobs, on the first delta: per prompt token but the first, [it, then the k best],
+    # and its rank
+    prompt_logprobs: list[list[TokenLogprob]] | None = None
+    prompt_logprob_ranks: list[int] | None = None
 
 
 class SpecDecodeStats(msgspec.Struct, array_like=True):
@@ -268,7 +275,10 @@ class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
     add_generation_prompt: bool = True
     # Chat only: the tools to show the model (OpenAI's tool objects); None: no tools
     tools: list[dict] | None = None
+    # Chat only: extra variables for the chat template (enable_thinking, reasoning_effort, ...)
+    chat_template_kwargs: dict[str, object] | None = None
     prompts: list[str | list[int]] = []
+    continue_final_message: bool = False  # chat: the last message stays open for the model to continue
 
 
 class TokenizeRequest(msgspec.Struct, tag=True, kw_only=True):
@@ -278,6 +288,9 @@ class TokenizeRequest(msgspec.Struct, tag=True, kw_only=True):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    continue_final_message: bool = False
+    tools: list[dict] | None = None  # chat: the tools shown to the model, as in GenerateRequest
+    chat_template_kwargs: dict[str, object] | None = None
 
 
 class DetokenizeRequest(msgspec.Struct, tag=True):
@@ -314,6 +327,25 @@ class TextLogprob(msgspec.Struct, array_like=True):
     top: list[TextLogprob] = []
 
 
+class PromptToken(msgspec.Struct, array_like=True):
+    """A prompt token for echo and prompt logprobs: its text, and its logprob and rank (None for the
+    first token, which nothing predicts), with the top alternatives (each a PromptToken whose rank
+    is its place and whose own `top` is empty)."""
+
+    token_id: int
+    token: str  # decoded on its own
+    logprob: float | None = None
+    rank: int | None = None
+    top: list[PromptToken] = []
+
+
+class PromptEcho(msgspec.Struct, array_like=True):
+    """A choice's prompt, on its first delta, for echo and prompt_logprobs."""
+
+    text: str  # the request's prompt text, or its token ids decoded
+    tokens: list[PromptToken] | None = None  # with prompt logprobs: every prompt token
+
+
 class Usage(msgspec.Struct, array_like=True):
     prompt_tokens: int
     completion_tokens: int
@@ -336,6 +368,7 @@ class TextDelta(msgspec.Struct, array_like=True):
     # (the tokenizer worker's self-check, `tokenizer_worker.stream_check`).
     detokenize_mismatch: bool = False
     trace: RequestTrace | None = None  # a traced request: on its last delta (the one with usage)
+    prompt: PromptEcho | None = None  # echo / prompt_logprobs: on the choice's first delta
 
 
 class RequestTrace(msgspec.Struct, kw_only=True):

@@ -42,6 +42,8 @@ def validate_sampling_params(p: SamplingParams, vocab_size: int) -> None:
             "cannot be combined with structured outputs (its ban on stop tokens could leave the grammar no token)")
     require(p.logprobs is None or 0 <= p.logprobs <= MAX_LOGPROBS, "logprobs",
             f"must be in [0, {MAX_LOGPROBS}], got {p.logprobs}")
+    require(p.prompt_logprobs is None or 0 <= p.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
+            f"must be in [0, {MAX_LOGPROBS}], got {p.prompt_logprobs}")
     require(p.seed is None or -(2**63) <= p.seed < 2**64, "seed", f"out of range: {p.seed}")
     check_token_ids("stop_token_ids", p.stop_token_ids, vocab_size)
     check_token_ids("logit_bias", list(p.logit_bias or {}), vocab_size)

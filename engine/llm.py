@@ -8,6 +8,7 @@ import msgspec
 from tqdm import tqdm
 
 from common.engine_config import EngineConfig
+from common.kv_events_config import KVEventsConfig
 from common.speculative_config import SpeculativeConfig
 from engine.llm_engine import LLMEngine
 from common.messages import LoraRequest, SamplingParams, TokenLogprob
@@ -31,6 +32,8 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     num_cached_tokens: int = 0
+    # With SamplingParams.prompt_logprobs (as vLLM's): per prompt token [it, then the k best], the first None
+    prompt_logprobs: list[list[TokenLogprob] | None] | None = None
 
 
 class LLM:
@@ -41,6 +44,9 @@ class LLM:
         spec = engine_kwargs.get("speculative_config")
         if isinstance(spec, dict):  # as vLLM's LLM(..., speculative_config={...})
             engine_kwargs["speculative_config"] = SpeculativeConfig.from_json(json.dumps(spec))
+        events = engine_kwargs.get("kv_events_config")
+        if isinstance(events, dict):  # as vLLM's LLM(..., kv_events_config={...})
+            engine_kwargs["kv_events_config"] = KVEventsConfig.from_json(json.dumps(events))
         self.engine = LLMEngine(EngineConfig(model=model, **engine_kwargs))
         self._tokenizer = None
         self._next_id = 0
@@ -100,6 +106,8 @@ class LLM:
                     completion.logprobs.extend(delta.logprobs)
                 if delta.num_cached_tokens is not None:  # on a request's first delta
                     out.num_cached_tokens = delta.num_cached_tokens
+                if delta.prompt_logprobs is not None and out.prompt_logprobs is None:
+                    out.prompt_logprobs = [None, *delta.prompt_logprobs]
                 if delta.finish_reason is not None:
                     completion.finish_reason, completion.stop_reason = delta.finish_reason, delta.stop_reason
                     bar.update(1)

@@ -143,6 +143,13 @@ class LLMEngine(EngineCore):
         async_scheduling = config.async_scheduling == "on" or (config.async_scheduling == "auto"
                                                                and self.device.type == "cuda")
         super().__init__(scheduler, runner, arch.vocab_size, max_model_len, config.batch_invariant, async_scheduling)
+        if config.kv_events_config is not None and config.kv_events_config.publishes:
+            if not config.enable_prefix_caching:  # the events are the prefix cache's: there would be none
+                logger.warning("KV cache events: none to publish with --no-enable-prefix-caching")
+            else:
+                from engine.kv_events.publisher import ZmqEventPublisher
+                block_manager.kv_events = []
+                self.kv_event_publisher = ZmqEventPublisher(config.kv_events_config)
         element_bytes = self.dtype.itemsize  # activations are in the engine's dtype
         kv_bytes = row_width(arch.head_dim, self.kv_cache_dtype) * self.kv_cache_dtype.itemsize / arch.head_dim
         # weights as a decode step reads them (the codes' where they run; a batch above the

@@ -9,7 +9,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from common.messages import DetokenizeRequest, TokenizeRequest
 from common.validation import check_token_ids
-from server import chat, completions
+from server import chat, completions, render, router_info
+from server.anthropic_messages import router as anthropic_messages
+from server.cors import add_cors
+from server.responses import router as responses
 from server.errors import ERROR_RESPONSES, bad_request, error_response, install_error_handlers, unavailable
 from server.json_body import StrictJSONRoute
 from server.middleware import ApiKeyMiddleware, BodyLimitMiddleware, HeaderLimitMiddleware
@@ -36,11 +39,17 @@ def create_app(state: ServingState) -> FastAPI:
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(completions.router)
+    app.include_router(render.router)  # vLLM's render endpoints, which vllm-router calls first
+    app.include_router(router_info.router)  # what a KV-aware router asks a replica it discovers
+    app.include_router(responses.router)
+    app.include_router(anthropic_messages.router)
     # Added innermost first: the header limits run before the key, the key before the body.
     app.add_middleware(BodyLimitMiddleware, read_timeout_s=state.config.body_read_timeout)
     if state.config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.config.api_key)
     app.add_middleware(HeaderLimitMiddleware)
+    add_cors(app, state.config.allowed_origins, state.config.allowed_methods, state.config.allowed_headers,
+             state.config.allow_credentials)  # outermost: a preflight carries no API key
 
     # The OpenAPI document says what these answer: no body, and Prometheus text.
     @app.get("/health", response_class=Response, responses={200: {"description": "Ready to serve"}})
@@ -54,9 +63,9 @@ def create_app(state: ServingState) -> FastAPI:
     async def metrics():
         return MetricsResponse(state.metrics.render())
 
-    def model_card() -> dict:
+    def model_card(name: str) -> dict:
         ready = state.ready
-        return {"id": state.served_model_name, "object": "model", "created": 0, "owned_by": "llm-serve",
+        return {"id": name, "object": "model", "created": 0, "owned_by": "llm-serve",
                 "root": state.model_dir, "parent": None,
                 "max_model_len": ready.max_model_len if ready is not None else None}
 
@@ -65,13 +74,13 @@ def create_app(state: ServingState) -> FastAPI:
     @app.get("/v1/models")
     async def list_models():
         state.check_accepting()
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(name) for name in state.served_model_names]}
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str = Path(examples=[state.served_model_name])):  # noqa: B008 - FastAPI's way
         state.check_accepting()
         state.check_model(model)
-        return model_card()
+        return model_card(model)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeBody):

@@ -1,16 +1,24 @@
 """POST /v1/chat/completions: request checks, then chunks and responses in OpenAI's shapes."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import msgspec
 from fastapi import APIRouter, Request
 
-from common.messages import ChatMessage, ChatToolCall, GenerateRequest, TextDelta, TextLogprob, Usage
+from common.messages import ChatMessage, ChatToolCall, GenerateRequest, SamplingParams, TextDelta, TextLogprob, Usage
 from server.errors import bad_request
-from server.generation import STREAM_RESPONSE, ChoiceResult, ResponseIds, admit, serve_generation, usage_dict
+from server.generation import (STREAM_RESPONSE, ChoiceResult, Renderer, ResponseIds, admit, serve_generation,
+                               usage_dict)
 from server.json_body import StrictJSONRoute
+from server.prompt_logprobs import WithPromptLogprobs
 from server.protocol import ChatCompletionRequest
 from server.sampling import chat_sampling_params
 from server.structured import requested_grammar
-from server.tool_choice import plan_tools
+from server.reasoning import ReasoningParser, split_reasoning
+from server.reasoning_grammar import after_reasoning
+from server.template_kwargs import template_kwargs, thinking_enabled
+from server.tool_choice import ToolPlan, plan_tools
 from server.tool_parser import ToolCall, ToolCallParser
 
 router = APIRouter(route_class=StrictJSONRoute)
@@ -20,6 +28,41 @@ router = APIRouter(route_class=StrictJSONRoute)
 async def chat_completions(body: ChatCompletionRequest, raw: Request):
     state = raw.app.state.serving
     ready = admit(state, body)
+    ids = ResponseIds.new("chatcmpl", state.served_model_name)
+    plan = plan_chat(state, ready, body, ids.id)
+    params = plan.request.sampling_params
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    renderer: Renderer = ChatRenderer(ids, include_usage, params.logprobs is not None,
+                                      None if plan.tools is None else plan.tools.mode, plan.reasoning_parser,
+                                      body.include_reasoning)
+    if body.prompt_logprobs is not None:
+        renderer = WithPromptLogprobs(renderer, body.prompt_logprobs, per_choice=False)
+    return await serve_generation(state, raw, plan.request, params.n, bool(body.stream), include_usage, renderer)
+
+
+@dataclass
+class ChatPlan:
+    """A checked chat request, ready to be sent: what /v1/responses and /v1/messages build too."""
+
+    request: GenerateRequest
+    tools: ToolPlan | None
+    reasoning_parser: str | None  # the server's, when this request's template lets the model think
+
+
+def prepare_chat(state, body: ChatCompletionRequest,
+                 ready) -> tuple[SamplingParams, list[ChatMessage], ToolPlan | None]:
+    """The checks and conversions a chat request goes through before it is sent (also for its render)."""
+    plan = plan_chat(state, ready, body, "")
+    assert plan.request.messages is not None
+    return plan.request.sampling_params, plan.request.messages, plan.tools
+
+
+def plan_chat(state, ready, body: ChatCompletionRequest, request_id: str,
+              messages: list[ChatMessage] | None = None) -> ChatPlan:
+    """The checks and the GenerateRequest of a chat request (`messages`: already converted)."""
+    if body.continue_final_message and body.add_generation_prompt:
+        raise bad_request("continue_final_message: cannot be true together with add_generation_prompt (set "
+                          "add_generation_prompt to false)", "continue_final_message")
     tools = plan_tools(body)
     grammar = requested_grammar(body)
     if tools is not None and grammar is not None:
@@ -27,15 +70,20 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request):
                           "response_format" if body.response_format is not None else "structured_outputs")
     if tools is not None:
         grammar = tools.grammar
+    kwargs = template_kwargs(state.config.default_chat_template_kwargs, body.chat_template_kwargs,
+                             body.reasoning_effort)
+    parser = state.config.reasoning_parser
+    if parser is not None and not thinking_enabled(kwargs):
+        parser = None  # the template closed the think block in the prompt: all of the output is answer
+    if grammar is not None and parser is not None:
+        grammar = after_reasoning(grammar, parser)
     params = chat_sampling_params(body, state.generation_defaults, ready.vocab_size, ready.max_model_len, grammar)
-    messages = to_chat_messages(body.messages)
-    ids = ResponseIds.new("chatcmpl", state.served_model_name)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    request = GenerateRequest(request_id=ids.id, sampling_params=params, messages=messages,
+    request = GenerateRequest(request_id=request_id, sampling_params=params,
+                              messages=to_chat_messages(body.messages) if messages is None else messages,
                               add_generation_prompt=body.add_generation_prompt,
-                              tools=None if tools is None else tools.tools)
-    renderer = ChatRenderer(ids, include_usage, params.logprobs is not None, None if tools is None else tools.mode)
-    return await serve_generation(state, raw, request, params.n, bool(body.stream), include_usage, renderer)
+                              tools=None if tools is None else tools.tools, chat_template_kwargs=kwargs,
+                              continue_final_message=body.continue_final_message)
+    return ChatPlan(request, tools, parser)
 
 
 def chat_logprobs(entries: list[TextLogprob]) -> dict:
@@ -51,8 +99,12 @@ class ChatRenderer:
     newline between two) is no content: null in the answer, not streamed. A choice that called
     ends with "tool_calls", except under a named tool_choice, where OpenAI and vLLM say "stop"."""
 
-    def __init__(self, ids: ResponseIds, include_usage: bool, want_logprobs: bool, tool_mode: str | None = None):
+    def __init__(self, ids: ResponseIds, include_usage: bool, want_logprobs: bool, tool_mode: str | None = None,
+                 reasoning_parser: str | None = None, include_reasoning: bool = True):
         self.ids = ids
+        self.reasoning_parser = reasoning_parser  # reasoning goes to reasoning_content (vLLM's field)
+        self.include_reasoning = include_reasoning  # false: the reasoning is split off and left out
+        self.reasoners: dict[int, ReasoningParser] = {}
         self.include_usage = include_usage
         self.want_logprobs = want_logprobs
         self.tool_mode = tool_mode  # None: no tools offered; else server.tool_choice.ToolPlan.mode
@@ -83,6 +135,15 @@ class ChatRenderer:
             out.append(self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                     "finish_reason": None}))
         logprobs = chat_logprobs(delta.logprobs) if delta.logprobs else None
+        if self.reasoning_parser is not None:
+            reasoner = self.reasoners.setdefault(i, ReasoningParser(self.reasoning_parser))
+            pieces = reasoner.feed(delta.text) + (reasoner.finish() if delta.finish_reason is not None else [])
+            reasoning = "".join(v for k, v in pieces if k == "reasoning")
+            if reasoning and self.include_reasoning:
+                out.append(self._chunk({"index": i, "delta": {"reasoning_content": reasoning}, "logprobs": logprobs,
+                                        "finish_reason": None}))
+                logprobs = None
+            delta = msgspec.structs.replace(delta, text="".join(v for k, v in pieces if k == "content"))
         if not self.parse_tools:
             if delta.text or logprobs:
                 out.append(self._chunk({"index": i, "delta": {"content": delta.text}, "logprobs": logprobs,
@@ -148,11 +209,17 @@ class ChatRenderer:
                 "choices": [self._choice(c) for c in choices], "usage": usage_dict(usage)}
 
     def _choice(self, c: ChoiceResult) -> dict:
-        message: dict = {"role": "assistant", "content": c.text}
+        text = c.text
+        message: dict = {"role": "assistant", "content": text}
+        if self.reasoning_parser is not None:
+            reasoning, text = split_reasoning(self.reasoning_parser, text)
+            if self.include_reasoning:
+                message["reasoning_content"] = reasoning
+            message["content"] = text
         reason = c.finish_reason
         if self.parse_tools:
             parser = ToolCallParser()
-            parsed = parser.feed(c.text)
+            parsed = parser.feed(text)
             content = parsed.content + parser.finish().content
             message["content"] = content if content.strip() or not parser.calls else None
             if parser.calls:  # OpenAI leaves the field out when there are none
@@ -176,3 +243,16 @@ def to_chat_messages(messages) -> list[ChatMessage]:
                                    ChatToolCall(c.id, c.function.name, c.function.arguments) for c in calls],
                                tool_call_id=getattr(m, "tool_call_id", None)))
     return out
+
+
+def message_dict(m: ChatMessage) -> dict:
+    """A ChatMessage as a chat completions request message (what the other APIs translate to)."""
+    entry: dict = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        entry["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                               for c in m.tool_calls]
+        if not m.content:
+            entry["content"] = None
+    if m.tool_call_id is not None:
+        entry["tool_call_id"] = m.tool_call_id
+    return entry

@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m server") -> int:
     except (FileNotFoundError, RuntimeError) as exc:
         logger.error("%s", exc)
         return 2
-    served_name = server_config.served_model_name or engine_config.model or DEFAULT_MODEL_NAME
-    state = ServingState(server_config, engine_config.replace(model=model_dir), model_dir, served_name)
+    served_names = server_config.served_model_name or (engine_config.model or DEFAULT_MODEL_NAME,)
+    state = ServingState(server_config, engine_config.replace(model=model_dir), model_dir, tuple(served_names))
     raise_open_file_limit()
     # The protocol (httptools) refuses a request head that grows past MAX_HEADER_BYTES with 431
     # and one that arrives too slowly with 408 (server/http_protocol.py).

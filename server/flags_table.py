@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -42,8 +43,10 @@ def _cell(text: str) -> str:
 def _default(field: dataclasses.Field) -> str:
     if field.metadata.get("secret") and field.default is not None:
         return "(set)"
-    if field.default is None:
+    if field.default is None or field.default == ():
         return ""
+    if isinstance(field.default, tuple):
+        return "`" + json.dumps(list(field.default)) + "`"
     if isinstance(field.default, bool):
         return "on" if field.default else "off"
     return f"`{field.default}`"

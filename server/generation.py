@@ -22,8 +22,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from common.messages import (EngineReady, FinishReason, GenerateRequest, RequestTrace, StopReason, TextDelta,
-                             TextLogprob, Usage)
+from common.messages import (EngineReady, FinishReason, GenerateRequest, PromptEcho, RequestTrace, StopReason,
+                             TextDelta, TextLogprob, Usage)
 from server.errors import ApiError, bad_request, error_body
 from server.state import ServingState
 from server.trace import check_trace_allowed, trace_json
@@ -47,6 +47,7 @@ class ChoiceResult:
     logprobs: list[TextLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     stop_reason: StopReason | None = None
+    prompt: PromptEcho | None = None  # echo / prompt_logprobs
 
     @property
     def text(self) -> str:
@@ -124,6 +125,8 @@ async def _collect(stream: RequestStream, num_choices: int) -> tuple[list[Choice
         choice.text_parts.append(delta.text)
         if delta.logprobs:
             choice.logprobs.extend(delta.logprobs)
+        if delta.prompt is not None:
+            choice.prompt = delta.prompt
         if delta.finish_reason is not None:
             choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_reason
         if delta.usage is not None:

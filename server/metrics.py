@@ -52,6 +52,10 @@ class ServerMetrics:
         self.num_requests_running = gauge("vllm:num_requests_running", "Sequences in the engine's running batch.")
         self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.")
         self.kv_cache_usage_perc = gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 = 100 percent).")
+        # vLLM's earlier name of the same gauge, which vLLM's production-stack router and many
+        # autoscaling examples still read (docs/scale-out.md)
+        self.gpu_cache_usage_perc = gauge("vllm:gpu_cache_usage_perc", "KV cache usage (1 = 100 percent); "
+                                          "the same as vllm:kv_cache_usage_perc, on every device.")
         self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.num_preemptions = counter("vllm:num_preemptions", "Preemptions (by recompute) in the engine.")
@@ -96,6 +100,7 @@ class ServerMetrics:
         self.num_requests_running.set(s.num_running)
         self.num_requests_waiting.set(s.num_waiting)
         self.kv_cache_usage_perc.set(s.kv_cache_usage)
+        self.gpu_cache_usage_perc.set(s.kv_cache_usage)
         counts = (s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions)
         for counter, now, before in zip((self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions),
                                         counts, self._last_engine_counts, strict=True):

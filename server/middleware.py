@@ -17,6 +17,7 @@ import msgspec
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.anthropic_messages.errors import anthropic_error_body
 from server.errors import error_body
 
 MAX_REQUEST_BYTES = 32 << 20
@@ -27,26 +28,43 @@ MAX_HEADER_COUNT = 100
 BODY_READ_TIMEOUT_S = 30.0
 CLOSE = {"connection": "close"}  # after a body cut short: the rest of it must not be read as a request
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+ANTHROPIC_PREFIX = "/v1/messages"
 
 
 async def _send_error(send: Send, status: int, message: str, extra_headers: list | None = None) -> None:
-    body = msgspec.json.encode(error_body(status, message))
+    await _send_json(send, status, error_body(status, message), extra_headers)
+
+
+async def _send_json(send: Send, status: int, payload: dict, extra_headers: list | None = None) -> None:
+    body = msgspec.json.encode(payload)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
     await send({"type": "http.response.body", "body": body})
 
 
 class ApiKeyMiddleware:
+    """The key as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>`
+    (Anthropic's); a refusal on /v1/messages takes Anthropic's error body."""
+
     def __init__(self, app: ASGIApp, api_key: str):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.expected_x = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES):
-            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not hmac.compare_digest(given, self.expected):
-                await _send_error(send, 401, "invalid or missing API key; send 'Authorization: Bearer <key>'",
-                                  [(b"www-authenticate", b"Bearer")])
+            headers = scope["headers"]
+            given = next((v for k, v in headers if k == b"authorization"), b"")
+            given_x = next((v for k, v in headers if k == b"x-api-key"), b"")
+            # both compared, so the time taken says nothing about which header was close
+            bearer_ok = hmac.compare_digest(given, self.expected)
+            x_ok = hmac.compare_digest(given_x, self.expected_x)
+            if not (bearer_ok or x_ok):
+                message = "invalid or missing API key; send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+                if scope["path"].startswith(ANTHROPIC_PREFIX):
+                    await _send_json(send, 401, anthropic_error_body(401, message))
+                else:
+                    await _send_error(send, 401, message, [(b"www-authenticate", b"Bearer")])
                 return
         await self.app(scope, receive, send)
 

@@ -1,8 +1,10 @@
 """Request bodies of the OpenAI API (and vLLM's extensions) as strict pydantic models.
 
 Unknown fields are rejected (extra="forbid"), and so are known OpenAI fields this server does
-not implement, unless they carry their neutral value (functions=[], store false, ...):
-a request is never served with part of it silently ignored. Types are strict, and the body
+not implement, unless they carry their neutral value (functions=[], modalities ["text"], ...):
+a request is never served with part of it silently ignored. The OpenAI fields that have no
+effect on a local server (`user`, `store`, `metadata`, ...) are accepted and ignored, as vLLM
+does (`server.ignored_fields`). Types are strict, and the body
 itself was parsed by `server.json_body` (valid Unicode, no duplicate keys, bounded size). Range checks of the sampling
 fields live in `common.validation`, shared with the engine.
 """
@@ -10,9 +12,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
+
+from server.ignored_fields import IgnoredOpenAIFields
 
 # name -> is the value neutral (same as not sending the field)?
 _NEUTRAL = {
@@ -20,12 +24,9 @@ _NEUTRAL = {
     "function_call": lambda v: v in (None, "none"),
     "modalities": lambda v: v in (None, ["text"]),
     "audio": lambda v: v is None,
-    "prediction": lambda v: v is None,
     "web_search_options": lambda v: v is None,
     "reasoning_effort": lambda v: v is None,
-    "store": lambda v: v in (None, False),
-    "metadata": lambda v: v in (None, {}),
-    "service_tier": lambda v: v in (None, "auto", "default"),
+    "moderation": lambda v: v is None,
     "echo": lambda v: v in (None, False),
     "suffix": lambda v: v in (None, ""),
     "best_of": lambda v: v in (None, 1),
@@ -82,6 +83,16 @@ def _tagged(tag_field: str, field: str):
     # the error type names the tag field (a context dict would make the type unhashable)
     return Discriminator(tag_of, custom_error_type=f"invalid_tag:{tag_field}",
                          custom_error_message="not one of the allowed values")
+
+
+def text_or_list(list_type: Any) -> Any:
+    """`str | list_type`, told apart by the JSON type, so a refusal names the list's own field
+    (`input[0].type`) rather than saying the value is no string."""
+    def tag_of(value: Any) -> str:
+        return "str" if isinstance(value, str) else "list[items]"
+
+    return Annotated[Annotated[str, Tag("str")] | Annotated[list_type, Tag("list[items]")],
+                     Discriminator(tag_of)]
 
 
 class _Message(StrictModel):
@@ -202,6 +213,9 @@ class StructuredOutputsParams(StrictModel):
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
+    # OpenAI pads its stream chunks against length side channels; over a local link: no effect
+    include_obfuscation: bool | None = Field(None, description="Accepted and ignored (no padding is added)",
+                                             json_schema_extra={"x-ignored": True})
 
 
 class SamplingFields(UnsupportedFieldsCheck):
@@ -219,7 +233,6 @@ class SamplingFields(UnsupportedFieldsCheck):
     logit_bias: dict[str, float] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    user: str | None = None  # an end-user id for the caller's own abuse tracking; no effect here
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
@@ -237,27 +250,55 @@ class SamplingFields(UnsupportedFieldsCheck):
     # stop by stop (shapes and times; server/trace.py); refused unless --enable-trace is set
     trace: bool = False
 
+    # ---- the fields vllm-router adds to every request it forwards (docs/scale-out.md) ----
+    no_stop_trim: bool = False  # SGLang's name of include_stop_str_in_output; either one keeps the stop string
+    return_hidden_states: bool = False  # false only: this server returns no hidden states
 
-class ChatCompletionRequest(SamplingFields):
+    @field_validator("return_hidden_states")
+    @classmethod
+    def _no_hidden_states(cls, value: bool) -> bool:
+        if value:
+            raise PydanticCustomError("unsupported_field", "{field} is not supported by this server",
+                                      {"field": "return_hidden_states"})
+        return value
+
+
+class ChatCompletionRequest(SamplingFields, IgnoredOpenAIFields):
     unsupported: ClassVar[tuple[str, ...]] = (
-        "functions", "function_call", "modalities", "audio", "prediction", "web_search_options", "reasoning_effort",
-        "store", "metadata", "service_tier")
+        "functions", "function_call", "modalities", "audio", "web_search_options", "moderation")
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs, and k alternatives each
     add_generation_prompt: bool = True
     tools: list[ToolIn] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # ---- vllm-router's chat fields ----
+    # The last (assistant) message is left open and the model continues it (vLLM's meaning)
+    continue_final_message: bool = False
+    # The reasoning switches (vLLM's include_reasoning, SGLang's separate_reasoning and
+    # stream_reasoning): with --reasoning-parser, include_reasoning false leaves the reasoning
+    # out of the answer; the others keep their defaults' meaning (reasoning separate and streamed)
+    include_reasoning: bool = True
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    # vLLM's: the chat template's own variables (server/template_kwargs.py)
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
 
-class CompletionRequest(SamplingFields):
-    unsupported: ClassVar[tuple[str, ...]] = ("echo", "suffix", "best_of", "store", "metadata", "service_tier")
+class CompletionRequest(SamplingFields, IgnoredOpenAIFields):
+    unsupported: ClassVar[tuple[str, ...]] = ("suffix", "best_of")
     # One prompt or a batch: text, or token ids.
     prompt: str | Annotated[list[str], Field(min_length=1)] | Annotated[list[int], Field(min_length=1)] \
         | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
     logprobs: int | None = None
+    # The prompt before the completion (in `text`, and in `logprobs` with its tokens' logprobs, the
+    # first null); with echo, max_tokens may be 0: the prompt alone
+    echo: bool = False
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs, and k alternatives each
 
 
 class TokenizeBody(StrictModel):

@@ -27,7 +27,9 @@ def chat_sampling_params(body: ChatCompletionRequest, defaults: dict, vocab_size
         raise bad_request("top_logprobs: requires logprobs to be true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return _sampling_params(body, defaults, vocab_size, max_model_len, max_tokens, logprobs, structured)
+    _check_prompt_logprobs(body)
+    return _sampling_params(body, defaults, vocab_size, max_model_len, max_tokens, logprobs, structured,
+                            body.prompt_logprobs)
 
 
 def completion_sampling_params(body: CompletionRequest, defaults: dict, vocab_size: int,
@@ -35,13 +37,25 @@ def completion_sampling_params(body: CompletionRequest, defaults: dict, vocab_si
     max_tokens = body.max_tokens
     if max_tokens is None:
         max_tokens = defaults.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
+    elif max_tokens == 0 and body.echo:
+        max_tokens = 1  # the prompt alone: the engine samples one token that is not shown (vLLM's way)
+    _check_prompt_logprobs(body)
+    # echo with logprobs shows the prompt tokens' logprobs too: the engine computes the larger k
+    prompt_logprobs = body.prompt_logprobs
+    if body.echo and body.logprobs is not None:
+        prompt_logprobs = max(body.logprobs, prompt_logprobs or 0)
     return _sampling_params(body, defaults, vocab_size, max_model_len, max_tokens, body.logprobs,
-                            requested_grammar(body))
+                            requested_grammar(body), prompt_logprobs, body.echo)
+
+
+def _check_prompt_logprobs(body: ChatCompletionRequest | CompletionRequest) -> None:
+    if body.prompt_logprobs is not None and body.stream:
+        raise bad_request("prompt_logprobs: not available with stream true", "prompt_logprobs")
 
 
 def _sampling_params(body: SamplingFields, defaults: dict, vocab_size: int, max_model_len: int,
-                     max_tokens: int | None, logprobs: int | None,
-                     structured: StructuredOutputs | None) -> SamplingParams:
+                     max_tokens: int | None, logprobs: int | None, structured: StructuredOutputs | None,
+                     prompt_logprobs: int | None = None, echo: bool = False) -> SamplingParams:
     n = 1 if body.n is None else body.n
     if not 1 <= n <= MAX_N:
         raise bad_request(f"n: must be in [1, {MAX_N}], got {n}", "n")
@@ -79,9 +93,9 @@ def _sampling_params(body: SamplingFields, defaults: dict, vocab_size: int, max_
         repetition_penalty=pick("repetition_penalty", 1.0), presence_penalty=pick("presence_penalty", 0.0),
         frequency_penalty=pick("frequency_penalty", 0.0), logit_bias=logit_bias, seed=body.seed,
         logprobs=logprobs, stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
-        stop=stop, include_stop_str_in_output=body.include_stop_str_in_output,
+        stop=stop, include_stop_str_in_output=body.include_stop_str_in_output or body.no_stop_trim,
         skip_special_tokens=body.skip_special_tokens, structured_outputs=structured,
-        batch_invariant=body.batch_invariant, trace=body.trace)
+        batch_invariant=body.batch_invariant, trace=body.trace, prompt_logprobs=prompt_logprobs, echo=echo)
     try:
         validate_sampling_params(params, vocab_size)
     except InvalidRequest as exc:

@@ -28,12 +28,14 @@ FAILURE_EXIT_DELAY_S = 1.0
 
 class ServingState:
     def __init__(self, server_config: ServerConfig, engine_config: EngineConfig, model_dir: str,
-                 served_model_name: str):
+                 served_model_names: tuple[str, ...]):
         self.config = server_config
         self.engine_config = engine_config
         self.model_dir = model_dir
-        self.served_model_name = served_model_name
-        self.metrics = ServerMetrics(served_model_name)
+        # Every name is accepted as `model`; the first is the one responses and metrics carry (vLLM's rule)
+        self.served_model_names = served_model_names
+        self.served_model_name = served_model_names[0]
+        self.metrics = ServerMetrics(self.served_model_name)
         self.paths: IpcPaths | None = None
         self.client: WorkerClient | None = None
         self.processes: ChildProcesses | None = None
@@ -115,6 +117,7 @@ class ServingState:
         return self.ready
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.served_model_name:
-            raise ApiError(404, f"The model `{model[:200]}` does not exist; this server serves "
-                                f"`{self.served_model_name}`.", "model", code="model_not_found")
+        if model is not None and model not in self.served_model_names:
+            served = ", ".join(f"`{name}`" for name in self.served_model_names)
+            raise ApiError(404, f"The model `{model[:200]}` does not exist; this server serves {served}.", "model",
+                           code="model_not_found")

@@ -44,6 +44,7 @@ class RequestStream:
     def __init__(self, request_id: str, num_choices: int, metrics: RequestMetrics):
         self.request_id = request_id
         self.num_unfinished = num_choices
+        self.num_prompt_tokens = 0  # known once the worker accepted the request
         self.metrics = metrics
         self.queue: asyncio.Queue[TextDelta | PromptAccepted | RequestRejected | Failure] = asyncio.Queue()
 
@@ -118,6 +119,7 @@ class WorkerClient:
             raise first.error
         assert isinstance(first, PromptAccepted), f"unexpected first message {type(first).__name__}"
         stream.metrics.on_accepted(first.num_prompt_tokens)
+        stream.num_prompt_tokens = first.num_prompt_tokens
         return stream
 
     def abort(self, request_id: str) -> None:

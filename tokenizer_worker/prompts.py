@@ -27,15 +27,23 @@ class PromptTokenizer:
         self.tool_tags_are_special = CALL_OPEN in special or CALL_CLOSE in special
 
     def chat_prompt_ids(self, messages: Sequence[ChatMessage], add_generation_prompt: bool,
-                        tools: list[dict] | None = None) -> list[int]:
-        return self.chat_text_ids(self.chat_text(messages, add_generation_prompt, tools))
+                        tools: list[dict] | None = None, continue_final_message: bool = False,
+                        template_kwargs: dict | None = None) -> list[int]:
+        return self.chat_text_ids(self.chat_text(messages, add_generation_prompt, tools, continue_final_message,
+                                                 template_kwargs))
 
     def chat_text(self, messages: Sequence[ChatMessage], add_generation_prompt: bool,
-                  tools: list[dict] | None = None) -> str:
-        """The conversation through the model's chat template."""
+                  tools: list[dict] | None = None, continue_final_message: bool = False,
+                  template_kwargs: dict | None = None) -> str:
+        """The conversation through the model's chat template; with `continue_final_message` the
+        text ends inside the last message (no end-of-turn after it), for the model to go on.
+        `template_kwargs` are the template's own variables (the server checked that none is one
+        of ours)."""
         if not self.tokenizer.chat_template:
             raise InvalidRequest("messages", "this model has no chat template; use /v1/completions with a prompt")
-        extra = {}
+        extra: dict = dict(template_kwargs or {})
+        if continue_final_message:
+            extra["continue_final_message"] = True
         if self.template_has_tools:
             conversation = with_template_tools(messages)
             if tools:
@@ -47,6 +55,8 @@ class PromptTokenizer:
                                                       add_generation_prompt=add_generation_prompt, **extra)
         except jinja2.TemplateError as exc:  # e.g. `raise_exception('roles must alternate')`
             raise InvalidRequest("messages", f"the model's chat template refused them: {exc}") from None
+        except ValueError as exc:  # continue_final_message: the last message is not in the text as sent
+            raise InvalidRequest("continue_final_message", str(exc)) from None
 
     def chat_text_ids(self, text: str) -> list[int]:
         # The template already wrote the special tokens it wants (BOS, role markers).

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from common.messages import SamplingParams, TextDelta, TokenDelta, Usage
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
+from tokenizer_worker.prompt_echo import prompt_echo
 from tokenizer_worker.stream_check import StreamCheck
 from tokenizer_worker.token_text import TokenText
 from tokenizer_worker.trace import TRACED_CHOICE, RequestTraceBuilder
@@ -26,6 +27,9 @@ class Choice:
     num_cached_tokens: int = 0  # the engine sends it on the first delta only
     finished: bool = False
     stream_check: StreamCheck | None = None  # None: the self-check is off
+    # echo / prompt_logprobs: the prompt as the request gave it and its ids, until the first delta
+    prompt: str | list[int] | None = None
+    prompt_ids: list[int] | None = None
 
 
 @dataclass
@@ -47,7 +51,7 @@ class WorkerRequest:
         self.choices[choice.child_id] = choice
         self.num_unfinished += 1
 
-    def on_token_delta(self, choice: Choice, d: TokenDelta, token_text: TokenText) -> DeltaResult:
+    def on_token_delta(self, choice: Choice, d: TokenDelta, token_text: TokenText, tokenizer=None) -> DeltaResult:
         assert not choice.finished, f"delta for finished choice {choice.child_id}"
         choice.num_output_tokens += len(d.new_token_ids)
         if d.num_cached_tokens is not None:
@@ -75,10 +79,15 @@ class WorkerRequest:
         if choice.stream_check is not None:
             choice.stream_check.record(text_ids, text)
         logprobs = token_text.logprobs(d.logprobs) if d.logprobs else None
-        if finish is None and not text and not logprobs:
+        echo = None
+        if choice.prompt is not None and d.finish_reason != "error":
+            assert choice.prompt_ids is not None
+            echo = prompt_echo(choice.prompt, choice.prompt_ids, d, tokenizer, token_text)
+            choice.prompt = choice.prompt_ids = None
+        if finish is None and not text and not logprobs and echo is None:
             return DeltaResult(None, False)
         delta = TextDelta(self.request_id, choice.index, text, len(d.new_token_ids), finish, stop_reason,
-                          logprobs, error=d.error)
+                          logprobs, error=d.error, prompt=echo)
         if finish is not None:
             choice.finished = True
             if choice.stream_check is not None:

@@ -116,7 +116,8 @@ class TokenizerWorker:
         limits = self._limits()
         params = msg.sampling_params
         if msg.messages is not None:
-            text, template_ms = timed(self.prompts.chat_text, msg.messages, msg.add_generation_prompt, msg.tools)
+            text, template_ms = timed(self.prompts.chat_text, msg.messages, msg.add_generation_prompt, msg.tools,
+                                      msg.continue_final_message, msg.chat_template_kwargs)
             ids, tokenize_ms = timed(self.prompts.chat_text_ids, text)
             field, prompts = "messages", [ids]
             traced_stops = chat_stops(msg.messages, text, ids, template_ms, tokenize_ms) if params.trace else []
@@ -140,7 +141,10 @@ class TokenizerWorker:
                     self.prompts.tokenizer, ids, skip_special_tokens=skip_special,
                     stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
                 check = StreamCheck(detokenizer) if self.detokenize_check else None
-                req.add_choice(Choice(index, p, child_id, detokenizer, stream_check=check))
+                choice = Choice(index, p, child_id, detokenizer, stream_check=check)
+                if params.echo or params.prompt_logprobs is not None:
+                    choice.prompt, choice.prompt_ids = (msg.prompts[p] if msg.messages is None else ids), ids
+                req.add_choice(choice)
                 if child_params.trace and index != TRACED_CHOICE:
                     child_params = msgspec.structs.replace(child_params, trace=False)
                 engine_requests.append(EngineRequest(child_id, ids, child_params))
@@ -187,7 +191,8 @@ class TokenizerWorker:
 
     def tokenize(self, msg: TokenizeRequest) -> None:
         if msg.messages is not None:
-            ids = self.prompts.chat_prompt_ids(msg.messages, msg.add_generation_prompt)
+            ids = self.prompts.chat_prompt_ids(msg.messages, msg.add_generation_prompt, msg.tools,
+                                               msg.continue_final_message, msg.chat_template_kwargs)
         else:
             ids = self.prompts.text_prompt_ids(msg.prompt or "", msg.add_special_tokens)
         strs = self.prompts.token_strs(ids) if msg.return_token_strs else None
@@ -217,7 +222,7 @@ class TokenizerWorker:
             if entry is None:
                 continue  # aborted or finished here already; the engine's late output is dropped
             req, choice = entry
-            result = req.on_token_delta(choice, d, self.token_text)
+            result = req.on_token_delta(choice, d, self.token_text, self.prompts.tokenizer)
             if result.abort_in_engine:
                 stop_hits.append(choice.child_id)
             if choice.finished:

@@ -1,16 +1,23 @@
 """Paged KV cache bookkeeping: fixed-size blocks, reference counts, a free list, prefix caching.
 
-A full block is identified by a hash chain: hash(parent block's hash, this block's token ids),
-so equal hashes mean equal whole prefixes. Freed blocks keep their hash and stay findable until
-they are reused; the free list is in LRU order, so the least recently freed block is evicted
-first, and a request's tail blocks are freed before its head (the head is shared more often).
+A full block is identified by a hash chain: sha256(parent block's hash, this block's token ids,
+extra keys) (engine/core/block_hash.py), so equal hashes mean equal whole prefixes, in any
+process. Freed blocks keep their hash and stay findable until they are reused; the free list is
+in LRU order, so the least recently freed block is evicted first, and a request's tail blocks
+are freed before its head (the head is shared more often).
+With `kv_events` set to a list, every hash registered, evicted or reset is recorded there as
+vLLM's KV cache events (BlockStored / BlockRemoved / AllBlocksCleared) for the engine to publish.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from engine.core.block_hash import external_hash, hash_block
 from engine.core.request import Request
+from engine.kv_events.events import MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from engine.utils import cdiv
+
+BATCH_INVARIANT_KEYS = ("batch-invariant",)  # the extra keys of a batch-invariant request's blocks
 
 
 class BlockManager:
@@ -20,12 +27,13 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.hash_to_block: dict[int, int] = {}
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        self.hash_to_block: dict[bytes, int] = {}
         # block id -> None; every block with ref count 0, least recently freed first
         self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens found
+        self.kv_events: list[KVEvent] | None = None  # a list: record the KV cache events here
 
     # ---- queries ----------------------------------------------------------------------
 
@@ -51,7 +59,9 @@ class BlockManager:
         compute; the return value is how many are scheduled. All or nothing on failure.
         """
         first = not req.block_ids
-        cached = self._find_cached_prefix(req) if first and self.enable_prefix_caching else []
+        # A request that asks for prompt logprobs computes its whole prompt: cached blocks hold no logits
+        lookup = self.enable_prefix_caching and req.params.prompt_logprobs is None
+        cached = self._find_cached_prefix(req) if first and lookup else []
         num_computed = len(cached) * self.block_size if first else req.num_computed_tokens
         num_new_tokens = min(num_new_tokens, req.num_tokens_with_pending - num_computed)  # drafts get slots too
         need = self.blocks_needed(num_computed + num_new_tokens) - len(req.block_ids) - len(cached)
@@ -97,28 +107,52 @@ class BlockManager:
         if num_full <= done:
             return
         hashes = self._hashes(req, num_full)
+        stored: list[int] = []  # a run of newly registered blocks: one BlockStored event each run
         for i in range(done, num_full):
             b, h = req.block_ids[i], hashes[i]
             if self.block_hash[b] is None and h not in self.hash_to_block:
                 self.block_hash[b] = h
                 self.hash_to_block[h] = b
+                if self.kv_events is not None:
+                    stored.append(i)
+            elif stored:
+                self._record_stored(req, hashes, stored)
+                stored = []
+        if stored:
+            self._record_stored(req, hashes, stored)
         req.num_registered_blocks = num_full
+
+    def _record_stored(self, req: Request, hashes: list[bytes], run: list[int]) -> None:
+        assert self.kv_events is not None
+        bs, first = self.block_size, run[0]
+        extra = extra_keys(req)
+        lora = req.params.lora
+        self.kv_events.append(BlockStored(
+            block_hashes=[external_hash(hashes[i]) for i in run],
+            parent_block_hash=external_hash(hashes[first - 1]) if first else None,
+            token_ids=req.token_ids[first * bs:(run[-1] + 1) * bs], block_size=bs,
+            lora_id=None if lora is None else lora.id, medium=MEDIUM, lora_name=None if lora is None else lora.name,
+            extra_keys=None if extra is None else [extra] * len(run)))
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block hash (the scheduler has running requests register again)."""
+        events, self.kv_events = self.kv_events, None  # one AllBlocksCleared, not a removal per block
         for b in list(self.hash_to_block.values()):
             self._forget_hash(b)
+        if events is not None:
+            events.append(AllBlocksCleared())
+        self.kv_events = events
 
     # ---- internals --------------------------------------------------------------------
 
-    def _hashes(self, req: Request, num_full_blocks: int) -> list[int]:
+    def _hashes(self, req: Request, num_full_blocks: int) -> list[bytes]:
         """The request's block-hash chain, extended to at least `num_full_blocks` entries."""
         hashes = req.block_hashes  # they depend on the tokens only, so they outlive a preemption
         tokens, bs = req.token_ids, self.block_size
+        extra = extra_keys(req)
         while len(hashes) < num_full_blocks:
             i = len(hashes)
-            parent = hashes[-1] if hashes else _chain_seed(req)
-            hashes.append(hash((parent, tuple(tokens[i * bs:(i + 1) * bs]))))
+            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs], extra))
         return hashes
 
     def _find_cached_prefix(self, req: Request) -> list[int]:
@@ -144,14 +178,16 @@ class BlockManager:
             self.block_hash[b] = None
             if self.hash_to_block.get(h) == b:
                 del self.hash_to_block[h]
+                if self.kv_events is not None:
+                    self.kv_events.append(BlockRemoved(block_hashes=[external_hash(h)], medium=MEDIUM))
 
 
-def _chain_seed(req: Request) -> object:
-    """What a request's first block hash starts from: the extra keys its KV depends on besides the
-    tokens (as vLLM's block-hash extra keys). A batch-invariant request's K/V differ in their low
-    bits from the fast paths' ones, and a LoRA adapter's K/V from the base model's and every other
-    adapter's (keyed by the id of its load), so none of them share cached blocks."""
-    invariant = "batch-invariant" if req.params.batch_invariant else None
-    if req.params.lora is None:
-        return invariant
-    return (invariant, "lora", req.params.lora.id)
+def extra_keys(req: Request) -> tuple | None:
+    """What a request's block hashes depend on besides the tokens (vLLM's extra keys). A
+    batch-invariant request's K/V differ in their low bits from the fast paths' ones, and a LoRA
+    adapter's K/V from the base model's and every other adapter's (keyed by the id of its load: a
+    reload is another adapter), so none of them share cached blocks."""
+    keys = BATCH_INVARIANT_KEYS if req.params.batch_invariant else ()
+    if req.params.lora is not None:
+        keys = (*keys, "lora", req.params.lora.id)
+    return keys or None

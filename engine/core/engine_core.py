@@ -52,6 +52,10 @@ class InFlight:
     started: float  # perf_counter when it was scheduled
 
 
+class EventPublisher(Protocol):
+    def publish(self, events: list) -> None: ...
+
+
 class StepObserver(Protocol):
     def observe(self, so: SchedulerOutput, ro: RunnerOutput, seconds: float) -> None: ...
 
@@ -72,6 +76,7 @@ class EngineCore:
         self.async_scheduling = async_scheduling and scheduler.speculator is None
         self.in_flight: InFlight | None = None
         self._last_read = time.perf_counter()  # when the host last read a step's ids (async)
+        self.kv_event_publisher: EventPublisher | None = None  # set with block_manager.kv_events = []
 
     @property
     def requests(self) -> dict[str, Request]:
@@ -110,6 +115,14 @@ class EngineCore:
         return self.scheduler.abort(request_id)
 
     def step(self) -> list[TokenDelta]:
+        deltas = self._step()
+        if self.block_manager.kv_events:  # None unless KV cache events are published
+            assert self.kv_event_publisher is not None
+            self.kv_event_publisher.publish(self.block_manager.kv_events)  # a queue put; sent by its thread
+            self.block_manager.kv_events = []
+        return deltas
+
+    def _step(self) -> list[TokenDelta]:
         if self.async_scheduling and not (self.scheduler.constrained or self.traces.active):
             return self._step_ahead()
         deltas = self._read_in_flight()  # this step must know every token before it is scheduled

@@ -56,6 +56,17 @@ class SchedulerOutput:
 
 
 @dataclass
+class PromptLogprobsChunk:
+    """One request's prompt logprobs from one step (engine/runner/prompt_logprobs.py): the
+    positions first_position, first_position + 1, ..., each predicting the prompt token after it."""
+
+    first_position: int
+    token_ids: list[list[int]]  # per position: [the prompt token, then the k best]
+    logprobs: list[list[float]]
+    ranks: list[int]  # per position: the prompt token's rank (1: the best)
+
+
+@dataclass
 class RunnerOutput:
     """What one forward pass sampled, per request that reached the end of its known tokens."""
 
@@ -68,6 +79,8 @@ class RunnerOutput:
     logprobs: list[list[list[float]] | None] | None = None
     # Traced requests recorded in full this step (engine/trace): request id -> that step's record
     traces: dict[str, EngineTrace] | None = None
+    # Requests that asked for prompt logprobs and had prompt positions in the step, sampled or not
+    prompt_logprobs: dict[str, PromptLogprobsChunk] | None = None
 
     @classmethod
     def empty(cls) -> RunnerOutput:

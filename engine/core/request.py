@@ -6,9 +6,10 @@ import time
 
 from typing import TYPE_CHECKING
 
-from common.messages import FinishReason, SamplingParams
+from common.messages import FinishReason, SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:
+    from engine.core.outputs import PromptLogprobsChunk
     from engine.structured.manager import RequestGrammar
 
 
@@ -37,7 +38,7 @@ class Request:
         self.block_ids: list[int] = []
         # Prefix-cache bookkeeping: hashes of the full blocks so far, in order (extended as they
         # fill), and how many leading blocks were offered to the cache already.
-        self.block_hashes: list[int] = []
+        self.block_hashes: list[bytes] = []
         self.num_registered_blocks = 0
         self.stop_token_ids: set[int] = set()  # the ids that end it (set by the scheduler)
         # Speculative decoding: this step's draft (scheduled after the last sampled token, not
@@ -54,6 +55,17 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | None = None
         self.error: str | None = None  # with finish_reason "error"
+        # Prompt logprobs gathered chunk by chunk (positions 0 .. P - 2), sent with the first token
+        self.prompt_logprobs: list[list[TokenLogprob]] = []
+        self.prompt_logprob_ranks: list[int] = []
+
+    def add_prompt_logprobs(self, chunk: PromptLogprobsChunk) -> None:
+        """A step's positions; those already held (recomputed after a preemption) are skipped."""
+        skip = len(self.prompt_logprobs) - chunk.first_position
+        assert skip >= 0, "prompt positions arrive in order"
+        for ids, values in zip(chunk.token_ids[skip:], chunk.logprobs[skip:], strict=True):
+            self.prompt_logprobs.append([TokenLogprob(t, v) for t, v in zip(ids, values, strict=True)])
+        self.prompt_logprob_ranks.extend(chunk.ranks[skip:])
 
     @property
     def num_tokens(self) -> int:

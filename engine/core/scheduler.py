@@ -208,6 +208,10 @@ class Scheduler:
         for req in live.values():
             if req.status == RequestStatus.RUNNING:
                 self.block_manager.cache_full_blocks(req)
+        if ro.prompt_logprobs:
+            for request_id, chunk in ro.prompt_logprobs.items():
+                if (req := live.get(request_id)) is not None:
+                    req.add_prompt_logprobs(chunk)
         deltas = []
         for i, request_id in enumerate(ro.request_ids):
             req = live.get(request_id)
@@ -221,10 +225,14 @@ class Scheduler:
                 accepted.append(token)
                 if self._check_stop(req, token):
                     break
-            deltas.append(TokenDelta(
+            delta = TokenDelta(
                 request_id=request_id, new_token_ids=accepted, logprobs=_logprobs(ro, i, len(accepted)),
                 finish_reason=req.finish_reason, stop_reason=req.stop_reason, error=req.error,
-                num_cached_tokens=req.num_cached_tokens if first_delta else None))
+                num_cached_tokens=req.num_cached_tokens if first_delta else None)
+            if first_delta and req.params.prompt_logprobs is not None:
+                assert len(req.prompt_logprobs) == req.num_prompt_tokens - 1, "a prompt position without logprobs"
+                delta.prompt_logprobs, delta.prompt_logprob_ranks = req.prompt_logprobs, req.prompt_logprob_ranks
+            deltas.append(delta)
         return deltas
 
     def finish(self, req: Request, reason: FinishReason, stop_reason: int | None = None) -> None:

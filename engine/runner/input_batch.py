@@ -35,6 +35,10 @@ class InputBatch:
         self.num_blocks = np.zeros(max_num_seqs, np.int64)
         self.batch_invariant = np.zeros(max_num_seqs, bool)  # rows whose outputs must not depend on the batch
         self.lora_id = np.zeros(max_num_seqs, np.int64)  # the row's LoRA adapter id, 0: the base model
+        # Prompt logprobs: per row the alternatives asked for (-1: none), and how many rows ask
+        self.num_prompt_tokens = np.zeros(max_num_seqs, np.int64)
+        self.prompt_logprobs = np.full(max_num_seqs, -1, np.int64)
+        self.num_prompt_logprob_rows = 0
         self.sampling = SamplingState(max_num_seqs, vocab_size, device, eos_token_ids)
 
     def add(self, request_id: str, token_ids: list[int], num_prompt_tokens: int, block_ids: list[int],
@@ -50,6 +54,9 @@ class InputBatch:
         self.num_blocks[row] = 0
         self.batch_invariant[row] = params.batch_invariant
         self.lora_id[row] = 0 if params.lora is None else params.lora.id
+        self.num_prompt_tokens[row] = num_prompt_tokens
+        self.prompt_logprobs[row] = -1 if params.prompt_logprobs is None else params.prompt_logprobs
+        self.num_prompt_logprob_rows += params.prompt_logprobs is not None
         self.append_blocks(row, block_ids)
         self.sampling.add_row(row, params, token_ids[:num_prompt_tokens], token_ids[num_prompt_tokens:], generator)
         return row
@@ -60,6 +67,9 @@ class InputBatch:
             return  # never had a row here (aborted while waiting) or already gone
         self.sampling.remove_row(row)
         self.lora_id[row] = 0
+        if self.prompt_logprobs[row] >= 0:
+            self.prompt_logprobs[row] = -1
+            self.num_prompt_logprob_rows -= 1
         heapq.heappush(self._free_rows, row)
 
     def append_blocks(self, row: int, block_ids: list[int]) -> None:

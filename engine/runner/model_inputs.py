@@ -12,6 +12,7 @@ import torch
 
 from engine.attention.base import StepInputs
 from engine.lora.context import StepLora
+from engine.runner.prompt_logprobs import PromptLogprobRows
 
 
 @dataclass
@@ -33,3 +34,5 @@ class ModelInputs:
     invariant_logits_start: int | None = None
     # The LoRA slot groups of the step's rows; None when no row runs an adapter
     lora: StepLora | None = None
+    # Rows whose logits give prompt logprobs (requests that ask, in their prompt); None: none
+    prompt_logprob_rows: PromptLogprobRows | None = None

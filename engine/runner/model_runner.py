@@ -29,6 +29,7 @@ from engine.runner.decode_graphs import DecodeGraphs
 from engine.runner.input_batch import InputBatch
 from engine.runner.model_inputs import ModelInputs
 from engine.runner.pending import PendingStep, ReadyStep, add_logprobs
+from engine.runner import prompt_logprobs
 from engine.sample.sampler import Sampler
 from engine.sample.verify import accept_drafts
 from engine.structured.bitmask import apply_grammar_bitmask
@@ -100,6 +101,14 @@ class ModelRunner:
         hidden = self.forward(inputs, eager=trace is not None)  # a traced step times every module
         if trace is not None:
             trace.lap("forward")
+        step = self._sample(so, inputs, trace, hidden)
+        if inputs.prompt_logprob_rows is not None:
+            step.attach_prompt_logprobs(prompt_logprobs.compute(inputs.prompt_logprob_rows, hidden,
+                                                                self.model.compute_logits))
+        return step
+
+    def _sample(self, so: SchedulerOutput, inputs: ModelInputs, trace: StepTrace | None,
+                hidden: torch.Tensor) -> PendingStep | ReadyStep:
         if not inputs.sampled_request_ids:
             return ReadyStep(RunnerOutput.empty())
         with invariant_rows_from(inputs.invariant_logits_start):
@@ -238,6 +247,10 @@ class ModelRunner:
                              sampled_rows_dev, drafts, num_logits)
         if self.lora is not None:
             inputs.lora = self._lora_groups(rows, request_of_token)
+        if b.num_prompt_logprob_rows:
+            inputs.prompt_logprob_rows = prompt_logprobs.select_rows(
+                request_ids, rows, qsl, num_computed, seq_lens, b.num_prompt_tokens[rows], b.prompt_logprobs[rows],
+                b.token_ids, self.max_model_len)
         if invariant is not None:
             first = int(np.argmax(invariant))
             inputs.invariant_token_start = int(qsl[first])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.core.outputs import RunnerOutput
+from engine.core.outputs import PromptLogprobsChunk, RunnerOutput
 
 
 class ReadyStep:
@@ -23,6 +23,9 @@ class ReadyStep:
 
     def result(self) -> RunnerOutput:
         return self._result
+
+    def attach_prompt_logprobs(self, chunks: dict[str, PromptLogprobsChunk]) -> None:
+        self._result.prompt_logprobs = chunks
 
 
 class PendingStep:
@@ -42,6 +45,7 @@ class PendingStep:
             self._event.record()
         self._token_ids = token_ids
         self._logprob_token_ids, self._logprobs = logprob_token_ids, logprobs
+        self._prompt_logprobs: dict[str, PromptLogprobsChunk] | None = None
         if self._event is None:
             self.result()  # on CPU: read now, whatever later steps do with the sampler's buffers
 
@@ -56,8 +60,15 @@ class PendingStep:
             assert self._logprob_token_ids is not None
             add_logprobs(result, self._logprob_token_ids.tolist(), self._logprobs.tolist(),
                          self.num_logprobs.tolist(), list(range(len(self.request_ids))))
+        result.prompt_logprobs = self._prompt_logprobs
         self._resolved = result
         return result
+
+    def attach_prompt_logprobs(self, chunks: dict[str, PromptLogprobsChunk]) -> None:
+        """Host lists already (computing them read the device), delivered with the sampled ids."""
+        self._prompt_logprobs = chunks
+        if self._resolved is not None:
+            self._resolved.prompt_logprobs = chunks
 
 
 def add_logprobs(result: RunnerOutput, ids: list[list[int]], values: list[list[float]], wanted: list[int],

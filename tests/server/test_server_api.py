@@ -42,6 +42,15 @@ def test_models_lists_the_default_model(client):
     assert models.data[0].model_extra["max_model_len"] == 2048
 
 
+def test_no_cors_headers_unless_origins_are_allowed(server):
+    """CORS is off by default: a page on another origin cannot read the answers (its preflight fails)."""
+    preflight = httpx.options(f"{server.url}/v1/models", headers={
+        "Origin": "http://app.example", "Access-Control-Request-Method": "GET"}, timeout=30)
+    assert "access-control-allow-origin" not in preflight.headers
+    answer = httpx.get(f"{server.url}/v1/models", headers={"Origin": "http://app.example"}, timeout=30)
+    assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
+
+
 def test_chat_non_streaming(client):
     out = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT_MESSAGES, temperature=0,
                                          max_tokens=12)
