@@ -86,5 +86,13 @@ class EngineConfig:
         True, "on CPU, run the native C++ kernels (built at install in ISA tiers; the best tier the CPU runs, or "
               "LLM_CPU_KERNEL_TIER=avx2|scalar|...; without them the torch paths run and the log says why)")
 
+    enable_lora: bool = opt(
+        False, "serve LoRA adapters (PEFT folders) on the attention and MLP projections, chosen per request "
+               "(docs/lora.md)")
+    max_loras: int = opt(1, "LoRA adapters resident at once: the most distinct adapters among the running requests")
+    max_lora_rank: int = opt(16, "the largest LoRA rank served; a folder with a larger one is refused")
+    max_cpu_loras: int | None = opt(
+        None, "LoRA adapters kept loaded in host memory (least recently used out first); default: --max-loras")
+
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

@@ -30,6 +30,16 @@ class StructuredOutputs(msgspec.Struct, frozen=True, array_like=True):
     param: str = "structured_outputs"
 
 
+class LoraRequest(msgspec.Struct, frozen=True, array_like=True):
+    """The LoRA adapter a request runs with (vLLM's LoRARequest): its served name, an id unique to
+    this load of it (a reload gets a new one, so its KV and weights never mix with the old), and its
+    PEFT folder, which the engine reads the first time it sees the id."""
+
+    name: str
+    id: int
+    path: str
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a request asks of the sampler and the stop rules (token level).
 
@@ -58,6 +68,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     batch_invariant: bool = False
     # Report this request's way through the server: shapes and times per stop (RequestTrace)
     trace: bool = False
+    # The LoRA adapter to run with (engine/lora); None: the base model
+    lora: LoraRequest | None = None
     # Text-level fields, used by the tokenizer worker only.
     stop: list[str] = []
     include_stop_str_in_output: bool = False

@@ -4,13 +4,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+import msgspec
 from tqdm import tqdm
 
 from common.engine_config import EngineConfig
 from common.kv_events_config import KVEventsConfig
 from common.speculative_config import SpeculativeConfig
 from engine.llm_engine import LLMEngine
-from common.messages import SamplingParams, TokenLogprob
+from common.messages import LoraRequest, SamplingParams, TokenLogprob
 from common.parallel_sampling import fan_out
 
 
@@ -59,15 +60,22 @@ class LLM:
         return self._tokenizer
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False,
+                 lora_request: LoraRequest | list[LoraRequest | None] | None = None) -> list[RequestOutput]:
         """prompts: a string, a list of strings, or a list of token-id lists. Outputs come back in
-        the order of the prompts, each with `n` completions."""
+        the order of the prompts, each with `n` completions. `lora_request`: the LoRA adapter of
+        every prompt or one per prompt (None: the base model; the engine needs enable_lora=True)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"{len(loras)} LoRA requests for {len(prompts)} prompts")
+        params_list = [p if lora is None else msgspec.structs.replace(p, lora=lora)
+                       for p, lora in zip(params_list, loras, strict=True)]
         outputs: list[RequestOutput] = []
         children: dict[str, tuple[RequestOutput, CompletionOutput]] = {}
         to_decode: list[tuple[CompletionOutput, bool]] = []  # with its request's skip_special_tokens

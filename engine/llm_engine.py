@@ -16,12 +16,16 @@ import torch
 
 from common.default_model import resolve_model_path
 from common.engine_config import EngineConfig
+from common.errors import InvalidRequest
+from common.lora_folder import LoraFolderError, read_model_config
+from common.messages import SamplingParams
 from common.generation_config import load_eos_token_ids, load_generation_defaults
 from engine.attention import create_backend
 from engine.attention.kv_int8 import describe_kv_dtype, row_width
 from engine.core.block_manager import BlockManager
 from engine.core.engine_core import EngineCore
 from engine.core.scheduler import Scheduler
+from engine.lora.manager import LoraManager
 from engine.models.config import ModelArch, read_hf_config
 from engine.models.batch_invariance import describe_invariance
 from engine.models.gguf_codes import gguf_file, read_group_codes
@@ -113,13 +117,20 @@ class LLMEngine(EngineCore):
             self.model.native_layers = NativeDecodeLayers(self.model, native_kernels, kv_caches)
             rows = self.model.native_layers.max_rows
             one_call = "every decode step" if rows == EVERY_STEP else f"decode steps of up to {rows} rows"
+        self.lora_manager = None
+        if config.enable_lora:
+            self.lora_manager = LoraManager(self.model, read_model_config(self.model_dir), config.max_loras,
+                                            config.max_lora_rank, config.max_cpu_loras or config.max_loras,
+                                            self.dtype, self.device)
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
                               self.eos_token_ids, config.speculative_config,
-                              StructuredOutputManager(str(self.model_dir), arch.vocab_size, sorted(self.eos_token_ids)))
+                              StructuredOutputManager(str(self.model_dir), arch.vocab_size, sorted(self.eos_token_ids)),
+                              max_loras=config.max_loras if config.enable_lora else 0)
         runner = ModelRunner(self.model, kv_caches, backend, config.block_size, config.max_num_seqs,
                              config.max_num_batched_tokens, max_model_len, self.device, self.eos_token_ids,
                              config.seed)
+        runner.lora = self.lora_manager
         runner.sampler.native = native_kernels  # each draw's passes over the vocabulary (CPU)
         graphs = "off (--enforce-eager)" if config.enforce_eager else "off (a CPU)"
         if self.device.type == "cuda" and not config.enforce_eager:
@@ -152,10 +163,23 @@ class LLMEngine(EngineCore):
         logger.info("all layers in one native call: %s", one_call)
         logger.info("batch-invariant rows: %s", describe_invariance(invariance))
         logger.info("decode graphs: %s", graphs)
+        logger.info("LoRA adapters: %s", "off" if not config.enable_lora else
+                    f"up to {config.max_loras} resident, rank <= {config.max_lora_rank}")
         logger.info("async scheduling: %s", describe_async_scheduling(config, self.device, self.async_scheduling))
         logger.info("KV cache %d blocks x %d = %d tokens (%s), max_model_len %d", num_blocks, config.block_size,
                     self.num_kv_tokens, describe_kv_dtype(self.kv_cache_dtype), max_model_len)
         logger.info("machine limits (roofline metrics): %s", self.machine_limits.describe())
+
+    def check_lora(self, sampling_params: SamplingParams) -> None:
+        lora = sampling_params.lora
+        assert lora is not None
+        if self.lora_manager is None:
+            super().check_lora(sampling_params)
+            return
+        try:
+            self.lora_manager.check(lora)
+        except LoraFolderError as e:
+            raise InvalidRequest("model", f"LoRA adapter {lora.name!r}: {e}") from None
 
     def _use_gguf_codes(self, config: EngineConfig, native: ModuleType | None) -> bool:
         """Run the linear layers on the GGUF's codes where asked (--quantization) and possible."""

@@ -125,12 +125,14 @@ class BlockManager:
     def _record_stored(self, req: Request, hashes: list[bytes], run: list[int]) -> None:
         assert self.kv_events is not None
         bs, first = self.block_size, run[0]
-        extra = BATCH_INVARIANT_KEYS if req.params.batch_invariant else None
+        extra = extra_keys(req)
+        lora = req.params.lora
         self.kv_events.append(BlockStored(
             block_hashes=[external_hash(hashes[i]) for i in run],
             parent_block_hash=external_hash(hashes[first - 1]) if first else None,
-            token_ids=req.token_ids[first * bs:(run[-1] + 1) * bs], block_size=bs, lora_id=None, medium=MEDIUM,
-            lora_name=None, extra_keys=None if extra is None else [extra] * len(run)))
+            token_ids=req.token_ids[first * bs:(run[-1] + 1) * bs], block_size=bs,
+            lora_id=None if lora is None else lora.id, medium=MEDIUM, lora_name=None if lora is None else lora.name,
+            extra_keys=None if extra is None else [extra] * len(run)))
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block hash (the scheduler has running requests register again)."""
@@ -147,9 +149,7 @@ class BlockManager:
         """The request's block-hash chain, extended to at least `num_full_blocks` entries."""
         hashes = req.block_hashes  # they depend on the tokens only, so they outlive a preemption
         tokens, bs = req.token_ids, self.block_size
-        # A batch-invariant request's K/V differ in their low bits from the fast paths' ones,
-        # so the two kinds never share cached blocks.
-        extra = BATCH_INVARIANT_KEYS if req.params.batch_invariant else None
+        extra = extra_keys(req)
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs], extra))
@@ -180,3 +180,14 @@ class BlockManager:
                 del self.hash_to_block[h]
                 if self.kv_events is not None:
                     self.kv_events.append(BlockRemoved(block_hashes=[external_hash(h)], medium=MEDIUM))
+
+
+def extra_keys(req: Request) -> tuple | None:
+    """What a request's block hashes depend on besides the tokens (vLLM's extra keys). A
+    batch-invariant request's K/V differ in their low bits from the fast paths' ones, and a LoRA
+    adapter's K/V from the base model's and every other adapter's (keyed by the id of its load: a
+    reload is another adapter), so none of them share cached blocks."""
+    keys = BATCH_INVARIANT_KEYS if req.params.batch_invariant else ()
+    if req.params.lora is not None:
+        keys = (*keys, "lora", req.params.lora.id)
+    return keys or None

@@ -94,6 +94,8 @@ class EngineCore:
             raise ValueError("n: the engine runs one sequence per request; fan out with common.parallel_sampling")
         if sampling_params.structured_outputs is not None and self.scheduler.structured is None:
             raise InvalidRequest("structured_outputs", "this engine runs without structured outputs")
+        if sampling_params.lora is not None:
+            self.check_lora(sampling_params)
         if self.batch_invariant and not sampling_params.batch_invariant:
             sampling_params = msgspec.structs.replace(sampling_params, batch_invariant=True)
         max_tokens = resolve_max_tokens(prompt_token_ids, self.vocab_size, sampling_params.max_tokens,
@@ -101,6 +103,10 @@ class EngineCore:
         self.scheduler.add_request(Request(request_id, prompt_token_ids, sampling_params, max_tokens))
         if sampling_params.trace:
             self.traces.arrived(request_id)
+
+    def check_lora(self, sampling_params: SamplingParams) -> None:
+        """Refuse a LoRA request this engine cannot run (InvalidRequest on `model`)."""
+        raise InvalidRequest("model", "this engine serves no LoRA adapters (--enable-lora)")
 
     def abort(self, request_id: str) -> bool:
         """Free everything the request holds at once; False for an unknown (or finished) id."""

@@ -33,7 +33,7 @@ from engine.structured.manager import StructuredOutputManager
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, eos_token_ids: set[int], speculative_config: SpeculativeConfig | None = None,
-                 structured: StructuredOutputManager | None = None):
+                 structured: StructuredOutputManager | None = None, max_loras: int = 0):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -49,6 +49,8 @@ class Scheduler:
         self.structured = structured
         self.constrained: set[str] = set()  # unfinished requests with a grammar: the only ones a step checks
         self._failed: list[TokenDelta] = []  # requests ended by an error outside a step (a grammar)
+        # LoRA: the most distinct adapters among the running requests (the resident slots; 0: no adapters)
+        self.max_loras = max_loras
 
     def add_request(self, req: Request) -> None:
         assert req.request_id not in self.requests, f"{req.request_id} is already scheduled"
@@ -111,7 +113,9 @@ class Scheduler:
         if self.constrained:
             self._fail_broken_grammars()
         now = time.time()
-        compiling: list[Request] = []  # skipped this step: their grammar is not compiled yet
+        # skipped this step: their grammar is not compiled yet, or their adapter finds no free slot
+        compiling: list[Request] = []
+        loras = {r.params.lora.id for r in self.running if r.params.lora is not None} if self.max_loras else set()
         while (self.waiting and not out.preempted_request_ids and budget > 0
                and len(self.running) < self.max_num_seqs):
             req = self.waiting[0]
@@ -119,10 +123,16 @@ class Scheduler:
             if req.grammar is not None and (not req.grammar.ready() or req.grammar.error is not None):
                 compiling.append(self.waiting.popleft())  # failed ones end at the next step's start
                 continue
+            lora = req.params.lora
+            if lora is not None and lora.id not in loras and len(loras) >= self.max_loras:
+                compiling.append(self.waiting.popleft())  # every slot is taken by running requests' adapters
+                continue
             num_new = self.block_manager.allocate(req, min(req.num_tokens, budget))
             if num_new is None:
                 break
             self.waiting.popleft()
+            if lora is not None:
+                loras.add(lora.id)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             if not req.scheduled_once:

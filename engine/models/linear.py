@@ -13,12 +13,18 @@ small-M matmuls of decode; the platform decides which one runs, see `engine/plat
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.malloc import pack_on_huge_pages
+from engine.lora.context import current_lora
 from engine.models.batch_invariance import apply_in_tiles, invariant_rows_start, probe_min_rows
+
+if TYPE_CHECKING:
+    from engine.lora.slots import LoraSlots
 
 
 class LinearMethod:
@@ -115,11 +121,23 @@ class Linear(nn.Module):
         # From how many rows the method's matmul gives a row the same bits in any batch (1 or 2),
         # as probed by `probe_batch_invariance`; None (not known): batch-invariant rows go in tiles.
         self.invariant_min_rows: int | None = None
+        # LoRA adapter slots (engine/lora), when the engine serves adapters on this projection:
+        # their delta is added to the method's output, whatever the method
+        self.lora: LoraSlots | None = None
         method.create_weights(self)
 
     def forward(self, x: torch.Tensor, float32_out: bool = False) -> torch.Tensor:
         """x @ W^T (+ b) in x's dtype; with `float32_out`, float32 sums from unrounded weights
-        where the method has them (see `LinearMethod.float32_logits`), else still x's dtype."""
+        where the method has them (see `LinearMethod.float32_logits`), else still x's dtype. Rows
+        that run a LoRA adapter this step get its delta added."""
+        out = self._base_forward(x, float32_out)
+        if self.lora is not None:
+            step = current_lora()
+            if step is not None:
+                self.lora.add_delta(x, out, step)
+        return out
+
+    def _base_forward(self, x: torch.Tensor, float32_out: bool) -> torch.Tensor:
         if float32_out:
             exact = self.method.float32_logits(self, x)
             if exact is not None:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import paged_attention, rope_and_write_kv
+from engine.lora.context import current_lora
 from engine.models.config import ModelArch
 from engine.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from engine.models.linear import Linear, LinearMethod, MergedLinear
@@ -71,7 +72,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None and x.is_cpu:  # silu and mul in one pass, the same roundings
-            fused = gate_up_silu_mul(self.gate_up_proj, x)
+            # (not with a LoRA delta to add to the projection's output first)
+            fused = gate_up_silu_mul(self.gate_up_proj, x) if current_lora() is None else None
             return self.down_proj(fused if fused is not None else self.native.silu_and_mul(self.gate_up_proj(x)))
         gate_up = self.gate_up_proj(x)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
@@ -128,7 +130,8 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         rope = self.rotary.cos_sin(positions, x.dtype)
-        native = decode_layers_natively(self.native_layers, x, rope)
+        # the one native call has no LoRA deltas: a step with adapters runs the modules
+        native = decode_layers_natively(self.native_layers, x, rope) if current_lora() is None else None
         if native is not None:
             x, residual = native
         else:

@@ -34,6 +34,7 @@ class InputBatch:
         self.block_table = CpuGpuBuffer((max_num_seqs, cdiv(max_model_len, block_size)), torch.int32, device)
         self.num_blocks = np.zeros(max_num_seqs, np.int64)
         self.batch_invariant = np.zeros(max_num_seqs, bool)  # rows whose outputs must not depend on the batch
+        self.lora_id = np.zeros(max_num_seqs, np.int64)  # the row's LoRA adapter id, 0: the base model
         # Prompt logprobs: per row the alternatives asked for (-1: none), and how many rows ask
         self.num_prompt_tokens = np.zeros(max_num_seqs, np.int64)
         self.prompt_logprobs = np.full(max_num_seqs, -1, np.int64)
@@ -52,6 +53,7 @@ class InputBatch:
         self.num_computed_tokens[row] = num_computed_tokens
         self.num_blocks[row] = 0
         self.batch_invariant[row] = params.batch_invariant
+        self.lora_id[row] = 0 if params.lora is None else params.lora.id
         self.num_prompt_tokens[row] = num_prompt_tokens
         self.prompt_logprobs[row] = -1 if params.prompt_logprobs is None else params.prompt_logprobs
         self.num_prompt_logprob_rows += params.prompt_logprobs is not None
@@ -64,6 +66,7 @@ class InputBatch:
         if row is None:
             return  # never had a row here (aborted while waiting) or already gone
         self.sampling.remove_row(row)
+        self.lora_id[row] = 0
         if self.prompt_logprobs[row] >= 0:
             self.prompt_logprobs[row] = -1
             self.num_prompt_logprob_rows -= 1

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from engine.attention.base import StepInputs
+from engine.lora.context import StepLora
 from engine.runner.prompt_logprobs import PromptLogprobRows
 
 
@@ -31,5 +32,7 @@ class ModelInputs:
     # among the logits rows; None when no request in the step asks
     invariant_token_start: int | None = None
     invariant_logits_start: int | None = None
+    # The LoRA slot groups of the step's rows; None when no row runs an adapter
+    lora: StepLora | None = None
     # Rows whose logits give prompt logprobs (requests that ask, in their prompt); None: none
     prompt_logprob_rows: PromptLogprobRows | None = None

@@ -16,9 +16,12 @@ import time
 import numpy as np
 import torch
 
+from common.messages import LoraRequest
 from engine.attention.base import AttentionBackend, StepInputs
 from engine.attention.forward_context import ForwardContext, forward_context
 from engine.core.outputs import RunnerOutput, SchedulerOutput
+from engine.lora.context import lora_context
+from engine.lora.manager import LoraManager
 from engine.models.batch_invariance import invariant_rows_from
 from engine.models.llama import CausalLM
 from engine.runner.buffers import CpuGpuBuffer
@@ -66,6 +69,10 @@ class ModelRunner:
         self.tracer = RequestTracer(model, backend, device)
         # decode steps at padded batch sizes, captured as CUDA graphs (set by the engine on CUDA)
         self.decode_graphs: DecodeGraphs | None = None
+        # the resident LoRA adapters (set by the engine with --enable-lora), and each running
+        # adapter's request by id
+        self.lora: LoraManager | None = None
+        self._loras: dict[int, LoraRequest] = {}
 
     def execute(self, so: SchedulerOutput) -> RunnerOutput:
         return self.execute_async(so).result()
@@ -162,6 +169,8 @@ class ModelRunner:
                 generator = torch.Generator(device=self.device)
                 generator.manual_seed(new.sampling_params.seed % 2**64)
                 self.generators[new.request_id] = generator
+            if new.sampling_params.lora is not None:
+                self._loras[new.sampling_params.lora.id] = new.sampling_params.lora
             self.batch.add(new.request_id, new.token_ids, new.num_prompt_tokens, new.block_ids,
                            new.num_computed_tokens, new.sampling_params, generator)
             if new.sampling_params.trace:
@@ -236,6 +245,8 @@ class ModelRunner:
             self._staged.record()
         inputs = ModelInputs(request_ids, input_ids, step.positions, step, logits_indices, sampled_ids, sampled_rows,
                              sampled_rows_dev, drafts, num_logits)
+        if self.lora is not None:
+            inputs.lora = self._lora_groups(rows, request_of_token)
         if b.num_prompt_logprob_rows:
             inputs.prompt_logprob_rows = prompt_logprobs.select_rows(
                 request_ids, rows, qsl, num_computed, seq_lens, b.num_prompt_tokens[rows], b.prompt_logprobs[rows],
@@ -248,14 +259,25 @@ class ModelRunner:
                 else int(num_logits[: len(normal_samples)].sum())
         return inputs
 
+    def _lora_groups(self, rows: np.ndarray, request_of_token: np.ndarray):
+        """The step's LoRA slot groups (its adapters made resident), None when every row is the base model's."""
+        assert self.lora is not None
+        ids = self.batch.lora_id[rows]
+        if not ids.any():
+            return None
+        step_ids = set(np.unique(ids).tolist()) - {0}
+        # adapters no running row uses any more: forget their requests (their weights stay cached)
+        self._loras = {i: lora for i, lora in self._loras.items() if i in set(self.batch.lora_id.tolist())}
+        return self.lora.step_groups(ids[request_of_token], {i: self._loras[i] for i in sorted(step_ids)})
+
     def forward(self, inputs: ModelInputs, eager: bool = False) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of the flat batch: a decode step through the captured
         graphs where there are (not `eager`), else the model's modules."""
         step, graphs = inputs.attention, self.decode_graphs
-        if graphs is not None and graphs.takes(step.num_tokens, step.num_reqs,
-                                               eager or inputs.invariant_token_start is not None):
+        if graphs is not None and graphs.takes(step.num_tokens, step.num_reqs, eager or inputs.lora is not None
+                                               or inputs.invariant_token_start is not None):
             return graphs.run(inputs.input_ids, step.positions, step.slot_mapping, step.block_table, step.seq_lens)
         metadata = self.backend.build_metadata(inputs.attention)
         with forward_context(ForwardContext(self.backend, metadata, self.kv_caches)), \
-                invariant_rows_from(inputs.invariant_token_start):
+                invariant_rows_from(inputs.invariant_token_start), lora_context(inputs.lora):
             return self.model(inputs.input_ids, inputs.positions)

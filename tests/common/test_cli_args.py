@@ -50,3 +50,29 @@ def test_environment_variables_only_with_a_prefix(monkeypatch):
     monkeypatch.setenv("LLM_CACHE", "maybe")
     with pytest.raises(ValueError, match="not a boolean"):
         parse([])
+
+
+@dataclass(frozen=True)
+class Listed:
+    aliases: tuple[str, ...] = opt((), "one or more words", parse=str, nargs="+")
+
+
+def test_a_list_flag_takes_several_words_and_its_variable_splits_on_spaces(monkeypatch):
+    parser = argparse.ArgumentParser()
+    add_dataclass_args(parser, Listed)
+    assert dataclass_from_args(Listed, parser.parse_args(["--aliases", "a", "b"])) == Listed(("a", "b"))
+    monkeypatch.setenv("LLM_ALIASES", "x  y z")
+    parser = argparse.ArgumentParser()
+    add_dataclass_args(parser, Listed)
+    assert dataclass_from_args(Listed, parser.parse_args([])) == Listed(("x", "y", "z"))
+
+
+def test_the_cors_flags_take_json_lists():
+    from server.config import parse_args
+
+    server, _ = parse_args(["--allowed-origins", '["https://a.example", "http://localhost:3000"]',
+                            "--served-model-name", "a", "b"])
+    assert server.allowed_origins == ("https://a.example", "http://localhost:3000")
+    assert server.allowed_methods == ("*",) and server.served_model_name == ("a", "b")
+    with pytest.raises(SystemExit):
+        parse_args(["--allowed-origins", "https://a.example"])  # not JSON: argparse's usage error

@@ -24,8 +24,9 @@ from loadtest.servers import ManagedServer, free_port
 from server_process import ServerProcess, parse_sse
 
 ROUTER_BIN = shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")
-pytestmark = pytest.mark.skipif(not Path(ROUTER_BIN).exists(), reason="vllm-router is not installed "
-                                "(pip install -r requirements.txt)")
+pytestmark = [pytest.mark.slow,  # two real server processes and the router
+              pytest.mark.skipif(not Path(ROUTER_BIN).exists(), reason="vllm-router is not installed "
+                                 "(pip install -r requirements.txt)")]
 MODEL = "SmolLM2-135M-Instruct"
 GROUPS, PER_GROUP = 8, 3  # shared-prefix groups, requests per group
 
@@ -147,6 +148,7 @@ def _hit_rate(replicas: list[Replica], router: Router, seed: int) -> float:
     rng = random.Random(seed)
     before = [(r.counter("vllm:prefix_cache_hits_total"), r.counter("vllm:prefix_cache_queries_total"))
               for r in replicas]
+    prompt_tokens = 0
     for g in range(GROUPS):
         prefix = f"Document {seed}-{g}: " + _words(rng, 120)  # ~130 tokens, its own per run
         for q in range(PER_GROUP):
@@ -154,12 +156,18 @@ def _hit_rate(replicas: list[Replica], router: Router, seed: int) -> float:
                     "temperature": 0}
             r = httpx.post(f"{router.url}/v1/completions", json=body, timeout=120)
             assert r.status_code == 200, r.text
-            time.sleep(0.2)  # the replica's events reach the router
-    time.sleep(1.0)  # the engines send their counters at most every 0.25 s
-    hits = queries = 0.0
-    for r, (h0, q0) in zip(replicas, before, strict=True):
-        hits += r.counter("vllm:prefix_cache_hits_total") - h0
-        queries += r.counter("vllm:prefix_cache_queries_total") - q0
+            prompt_tokens += r.json()["usage"]["prompt_tokens"]
+            time.sleep(0.2)  # room for the replica's events to reach the router before the next request
+    deadline = time.monotonic() + 30
+    while True:  # the engines send their counters a moment later: until every prompt token is counted
+        hits = queries = 0.0
+        for r, (h0, q0) in zip(replicas, before, strict=True):
+            hits += r.counter("vllm:prefix_cache_hits_total") - h0
+            queries += r.counter("vllm:prefix_cache_queries_total") - q0
+        if queries >= prompt_tokens or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert queries == prompt_tokens
     return hits / queries
 
 

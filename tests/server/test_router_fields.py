@@ -11,6 +11,8 @@ import pytest
 
 from server_process import stream_post
 
+pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+
 ROUTER_CHAT_FIELDS = {"logprobs": False, "no_stop_trim": False, "ignore_eos": False,
                       "continue_final_message": False, "skip_special_tokens": True, "separate_reasoning": True,
                       "stream_reasoning": True, "return_hidden_states": False, "include_reasoning": True}

@@ -108,3 +108,20 @@ def test_openapi_document_names_the_ignored_fields(server):
         assert chat[name].get("x-ignored") is True, name
         assert "ignored" in chat[name]["description"], name
     assert schemas["CompletionRequest"]["properties"]["user"]["x-ignored"] is True
+
+
+def test_agents_sdk_settings_that_mean_nothing_here_are_accepted(server):
+    """The Agents SDK's chat-completions model sends store, metadata, verbosity and the prompt-cache
+    settings when an agent sets them (its documented ModelSettings)."""
+    pytest.importorskip("agents")
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    model = OpenAIChatCompletionsModel(model="team/chat-model", openai_client=AsyncOpenAI(
+        base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120))
+    settings = ModelSettings(max_tokens=8, temperature=0, store=True, metadata={"run": "test"}, verbosity="low",
+                             prompt_cache_retention="24h", prompt_cache_options={"mode": "implicit"})
+    result = Runner.run_sync(Agent(name="brief", instructions="Answer in one word.", model=model,
+                                   model_settings=settings), "Name a color.")
+    assert isinstance(result.final_output, str) and result.final_output
