@@ -3,11 +3,12 @@ the /v1/messages routes (bad input, an unknown model, a wrong key, the engine fa
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.errors import InvalidRequest
@@ -17,6 +18,27 @@ from server.json_body import StrictJSONRoute
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
           529: "overloaded_error"}
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """Anthropic's error body, for the OpenAPI document."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+# What the /v1/messages routes answer besides their success (replacing the app's OpenAI bodies).
+ANTHROPIC_ERROR_RESPONSES: dict[int | str, dict] = {
+    "4XX": {"model": AnthropicErrorResponse, "description": "Bad input (400), a wrong API key (401), an unknown "
+                                                            "model (404), a body too large (413)"},
+    503: {"model": AnthropicErrorResponse, "description": "Loading, draining or overloaded; see Retry-After"},
+    500: {"model": AnthropicErrorResponse, "description": "The engine or the tokenizer worker failed"},
+}
 
 
 def error_type(status: int) -> str:

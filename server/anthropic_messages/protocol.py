@@ -125,7 +125,7 @@ class Metadata(StrictModel):
 
 
 class CountTokensRequest(StrictModel):
-    model: str
+    model: str  # required, as Anthropic's API has it
     messages: Annotated[list[Message], Field(min_length=1)]
     system: text_or_list(list[TextBlock]) | None = None  # type: ignore[valid-type]
     tools: list[Tool] | None = None

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from sse_starlette import ServerSentEvent
 
 from common.messages import TokenizeRequest, Usage
-from server.anthropic_messages.errors import AnthropicRoute, anthropic_error_body
+from server.anthropic_messages.errors import ANTHROPIC_ERROR_RESPONSES, AnthropicRoute, anthropic_error_body
 from server.anthropic_messages.output import BlockBuilder, stop_reason
 from server.anthropic_messages.protocol import CountTokensRequest, MessagesRequest
 from server.anthropic_messages.translate import chat_messages, chat_request, chat_tools, renamed, template_thinking
@@ -62,7 +62,7 @@ def _builder(plan: ChatPlan) -> BlockBuilder:
     return BlockBuilder(TurnParser(plan.reasoning_parser, plan.tools is not None))
 
 
-@router.post("/v1/messages", responses=STREAM_RESPONSE)
+@router.post("/v1/messages", responses={**STREAM_RESPONSE, **ANTHROPIC_ERROR_RESPONSES})
 async def create_message(body: MessagesRequest, raw: Request):
     state: ServingState = raw.app.state.serving
     ready = state.check_accepting()
@@ -108,7 +108,7 @@ async def _events(message_id: str, model: str, plan: ChatPlan, stream) -> AsyncI
         yield "error", anthropic_error_body(err.status, err.message)
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens", responses=ANTHROPIC_ERROR_RESPONSES)
 async def count_tokens(body: CountTokensRequest, raw: Request):
     state: ServingState = raw.app.state.serving
     state.check_accepting()

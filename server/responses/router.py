@@ -69,31 +69,27 @@ class Turn:
         answer = ChatMessage(role="assistant", content=text, tool_calls=calls or None)
         self.store.put(self.id, StoredResponse(response, [*self.conversation, answer]))
 
-    # the non-streamed form (server.generation.Renderer)
-    def chunks(self, delta) -> list[dict]:
-        raise AssertionError("not streamed through chat chunks")
-
-    def usage_chunk(self, usage: Usage) -> dict:
-        raise AssertionError("not streamed through chat chunks")
-
-    def response_of(self, choices: list[ChoiceResult], usage: Usage) -> dict:
-        choice = choices[0]
-        status, reason = self.status(choice.finish_reason)
-        self.builder.feed(choice.text)
-        self.builder.finish("incomplete" if status == "incomplete" else "completed")
-        response = self.response(status, usage, reason)
-        self.finished(response)
-        return response
-
 
 class _Renderer:
+    """The non-streamed response (server.generation.Renderer; only `response` is used)."""
+
     def __init__(self, turn: Turn):
         self.turn = turn
-        self.chunks = turn.chunks
-        self.usage_chunk = turn.usage_chunk
+
+    def chunks(self, delta) -> list[dict]:
+        raise AssertionError("streamed by server.event_stream")
+
+    def usage_chunk(self, usage: Usage) -> dict:
+        raise AssertionError("streamed by server.event_stream")
 
     def response(self, choices: list[ChoiceResult], usage: Usage) -> dict:
-        return self.turn.response_of(choices, usage)
+        turn, choice = self.turn, choices[0]
+        status, reason = turn.status(choice.finish_reason)
+        turn.builder.feed(choice.text)
+        turn.builder.finish("incomplete" if status == "incomplete" else "completed")
+        response = turn.response(status, usage, reason)
+        turn.finished(response)
+        return response
 
 
 @router.post("/v1/responses", responses=STREAM_RESPONSE)

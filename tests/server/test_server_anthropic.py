@@ -1,7 +1,7 @@
 """/v1/messages through the real server and the Anthropic SDK: create, stream (Anthropic's events,
 equal to the non-streamed message at temperature 0), a tool round trip (tool_use, then a
-tool_result), stop sequences, count_tokens, and bad input in Anthropic's error body with a 4xx
-naming the field."""
+tool_result), stop sequences, count_tokens, bad input in Anthropic's error body with a 4xx naming
+the field, and a client that leaves mid-stream has its request aborted."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,8 @@ import httpx
 import jsonschema
 import pytest
 from anthropic import Anthropic, NotFoundError
+
+from test_server_streams import aborted_count, wait_until_idle
 
 pytestmark = pytest.mark.slow  # a real server process (and the model) per session
 
@@ -123,3 +125,17 @@ def test_bad_input_is_a_400_in_anthropic_shape(default_server, body, field):
     payload = response.json()
     assert payload["type"] == "error" and payload["error"]["type"] == "invalid_request_error"
     assert payload["error"]["message"].startswith(field), payload
+
+
+def test_client_that_leaves_mid_stream_is_aborted(default_server):
+    url = f"{default_server.url}/v1/messages"
+    body = {"model": MODEL, "max_tokens": 1000, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Write a very long story about a dragon."}]}
+    aborted_before = aborted_count(default_server)
+    with httpx.stream("POST", url, json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if "text_delta" in line:
+                break  # leaving the block closes the connection mid-stream
+    gauges = wait_until_idle(default_server, aborted_before + 1)
+    assert gauges["vllm:num_requests_running"] == 0
+    assert aborted_count(default_server) == aborted_before + 1

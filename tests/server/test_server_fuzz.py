@@ -35,6 +35,12 @@ EXCLUDED_CHECKS = (
     # Checks for APIs with resources and authentication, which this one has not.
     "use_after_free", "ensure_resource_availability", "ignored_auth", "object_level_authorization",
 )
+# The default warnings but missing test data: GET /v1/responses/{id} knows only the ids its POST
+# made, and /v1/messages requires a model (Anthropic's API does) that random names never are, so
+# the 404s the fuzzer's values get are the documented answers, not a gap in its inputs.
+WARNINGS = ("missing_auth", "base_url_mismatch", "validation_mismatch", "missing_deserializer",
+            "unused_openapi_auth", "unsupported_regex", "method_not_allowed", "constants_extraction",
+            "unmatched_filter", "unresolvable_reference", "rate_limited", "dictionary_mismatch", "timeout_units")
 MAX_MODEL_LEN = 64
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
@@ -80,6 +86,7 @@ def test_fuzz_every_operation(server, tmp_path):
                "--phases", "examples,coverage,fuzzing", "--workers", "1", "--request-timeout", "60",
                "--max-response-time", "60",
                "--checks", "all", "--exclude-checks", ",".join(EXCLUDED_CHECKS),
+               "--warnings", ",".join(WARNINGS),
                "--generation-database", "none", "--no-color", "--report-dir", str(tmp_path)]
     run = subprocess.run(command, capture_output=True, text=True, timeout=FUZZ_TIMEOUT_S, cwd=tmp_path)
     assert run.returncode == 0, f"schemathesis found failures:\n{run.stdout[-12000:]}\n{run.stderr[-2000:]}"
