@@ -92,7 +92,7 @@ class EngineConfig:
     max_loras: int = opt(1, "LoRA adapters resident at once: the most distinct adapters among the running requests")
     max_lora_rank: int = opt(16, "the largest LoRA rank served; a folder with a larger one is refused")
     max_cpu_loras: int | None = opt(
-        None, "LoRA adapters kept loaded in host memory (least recently used out first); default: --max-loras")
+        None, "LoRA adapters kept loaded in host memory (least recently used out first); default: max_loras")
 
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

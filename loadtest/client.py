@@ -57,7 +57,7 @@ class Endpoint:
 
     def payload(self, spec: RequestSpec) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.model,
+            "model": spec.model or self.model,
             "max_tokens": spec.max_tokens,
             "temperature": self.temperature,
             "stream": True,

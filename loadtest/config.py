@@ -74,7 +74,8 @@ class LoadTestConfig:
     input_len: int = opt(256, "random prompts: about this many tokens")
     output_len: int = opt(128, "max_tokens of each request (a dataset line may set its own)")
     tokenizer: str | None = opt(None, "local Hugging Face tokenizer folder to size random prompts in real tokens")
-    dataset: str | None = opt(None, 'JSONL file, one {"prompt": ...} or {"messages": [...]} per line')
+    dataset: str | None = opt(None, 'JSONL file, one {"prompt": ...} or {"messages": [...]} per line '
+                                    '(optionally its own "max_tokens" and "model")')
     ignore_eos: bool = opt(False, "send ignore_eos=true (vLLM extension) so every request runs to max_tokens",
                             action="store_true")
     temperature: float = opt(0.0, "sampling temperature sent with every request")

@@ -75,6 +75,7 @@ class PromptSource:
             messages=messages,
             max_tokens=int(entry.get("max_tokens", self._output_len)),
             input_len=self._count_tokens(text),
+            model=entry.get("model"),
         )
 
     def _random_prompt(self) -> tuple[str, int]:

@@ -22,6 +22,8 @@ class RequestSpec:
     # Prompt length as this tool estimated it (tokenizer count, else word count). The server's
     # usage.prompt_tokens, when sent, is the figure used for token throughput.
     input_len: int
+    # A dataset line's own `model` (a LoRA adapter, say); None: the target's model
+    model: str | None = None
 
     def __post_init__(self) -> None:
         assert (self.prompt is None) != (self.messages is None), "set exactly one of prompt/messages"

@@ -9,12 +9,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from common.messages import DetokenizeRequest, TokenizeRequest
 from common.validation import check_token_ids
-from server import chat, completions, render, router_info
+from server import chat, completions, lora, render, router_info
 from server.anthropic_messages import router as anthropic_messages
 from server.cors import add_cors
 from server.responses import router as responses
 from server.errors import ERROR_RESPONSES, bad_request, error_response, install_error_handlers, unavailable
 from server.json_body import StrictJSONRoute
+from server.lora import lora_info_sample
 from server.middleware import ApiKeyMiddleware, BodyLimitMiddleware, HeaderLimitMiddleware
 from server.protocol import DetokenizeBody, TokenizeBody
 from server.state import ServingState
@@ -43,6 +44,8 @@ def create_app(state: ServingState) -> FastAPI:
     app.include_router(router_info.router)  # what a KV-aware router asks a replica it discovers
     app.include_router(responses.router)
     app.include_router(anthropic_messages.router)
+    if state.config.allow_runtime_lora_updating:  # as vLLM: without the flag the two routes do not exist
+        app.include_router(lora.router)
     # Added innermost first: the header limits run before the key, the key before the body.
     app.add_middleware(BodyLimitMiddleware, read_timeout_s=state.config.body_read_timeout)
     if state.config.api_key:
@@ -61,12 +64,15 @@ def create_app(state: ServingState) -> FastAPI:
 
     @app.get("/metrics", response_class=MetricsResponse)
     async def metrics():
-        return MetricsResponse(state.metrics.render())
+        body = state.metrics.render()
+        return MetricsResponse(body if state.lora is None else body + lora_info_sample(state.lora))
 
     def model_card(name: str) -> dict:
         ready = state.ready
+        lora = state.lora.adapters.get(name) if state.lora is not None else None
         return {"id": name, "object": "model", "created": 0, "owned_by": "llm-serve",
-                "root": state.model_dir, "parent": None,
+                "root": state.model_dir if lora is None else lora.path,
+                "parent": None if lora is None or state.lora is None else state.lora.parents[name],
                 "max_model_len": ready.max_model_len if ready is not None else None}
 
     # 503 until the engine is ready (and while draining), so a readiness probe or a router that
@@ -74,7 +80,8 @@ def create_app(state: ServingState) -> FastAPI:
     @app.get("/v1/models")
     async def list_models():
         state.check_accepting()
-        return {"object": "list", "data": [model_card(name) for name in state.served_model_names]}
+        adapters = () if state.lora is None else tuple(state.lora.adapters)
+        return {"object": "list", "data": [model_card(name) for name in state.served_model_names + adapters]}
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str = Path(examples=[state.served_model_name])):  # noqa: B008 - FastAPI's way

@@ -83,6 +83,8 @@ def plan_chat(state, ready, body: ChatCompletionRequest, request_id: str,
                               add_generation_prompt=body.add_generation_prompt,
                               tools=None if tools is None else tools.tools, chat_template_kwargs=kwargs,
                               continue_final_message=body.continue_final_message)
+    if state.lora is not None:  # the adapter `model` names, for every endpoint that plans a chat
+        request = state.lora.with_lora(body.model, request)
     return ChatPlan(request, tools, parser)
 
 

@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m server") -> int:
         logger.error("%s", exc)
         return 2
     served_names = server_config.served_model_name or (engine_config.model or DEFAULT_MODEL_NAME,)
-    state = ServingState(server_config, engine_config.replace(model=model_dir), model_dir, tuple(served_names))
+    try:
+        state = ServingState(server_config, engine_config.replace(model=model_dir), model_dir, tuple(served_names))
+    except ValueError as exc:  # a --lora-modules folder that does not fit the model, or a bad flag
+        logger.error("%s", exc)
+        return 2
     raise_open_file_limit()
     # The protocol (httptools) refuses a request head that grows past MAX_HEADER_BYTES with 431
     # and one that arrives too slowly with 408 (server/http_protocol.py).

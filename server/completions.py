@@ -31,6 +31,8 @@ async def completions(body: CompletionRequest, raw: Request):
     ids = ResponseIds.new("cmpl", state.served_model_name)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     request = GenerateRequest(request_id=ids.id, sampling_params=params, prompts=prompts)
+    if state.lora is not None:
+        request = state.lora.with_lora(body.model, request)
     renderer: Renderer = CompletionRenderer(ids, include_usage, params.logprobs, body.echo,
                                             echo_only=body.echo and body.max_tokens == 0)
     if body.prompt_logprobs is not None:

@@ -69,6 +69,12 @@ class ServerConfig:
                                                    "origins), a JSON list", parse=json_list, metavar="JSON")
     allow_credentials: bool = opt(False, "allow cookies and Authorization on cross-origin requests (with allowed "
                                          "origins; Access-Control-Allow-Credentials)")
+    lora_modules: tuple[str, ...] = opt(
+        (), "LoRA adapters served from the start (LoRA enabled), separated by spaces: name=path, or vLLM's "
+            'JSON \'{"name": "sql", "path": "/adapters/sql", "base_model_name": "..."}\'; a request\'s model picks one',
+        parse=str, nargs="+", metavar="MODULE")
+    allow_runtime_lora_updating: bool = opt(
+        False, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's bodies); off, they are 404s")
     log_level: str = opt("info", "debug | info | warning | error")
 
 

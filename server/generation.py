@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -95,8 +96,13 @@ async def serve_generation(state: ServingState, raw: Request, request: GenerateR
     client = state.client
     client.check_capacity(num_choices)
     request_stream = await client.generate(request, num_choices)
+    lora = request.sampling_params.lora
+    if lora is not None and state.lora is not None:  # the adapters in flight, for vllm:lora_requests_info
+        state.lora.in_flight[lora.name] += 1
     if stream:
         events = _sse_events(client, request_stream, renderer, include_usage)
+        if lora is not None and state.lora is not None:
+            events = _counted(events, state.lora.in_flight, lora.name)
         return EventSourceResponse(events, sep="\n", headers={"X-Request-Id": request.request_id})
     collecting = asyncio.ensure_future(_collect(request_stream, num_choices))
     try:
@@ -114,6 +120,17 @@ async def serve_generation(state: ServingState, raw: Request, request: GenerateR
         if not collecting.done():
             collecting.cancel()
         client.abort(request.request_id)  # a no-op when it finished
+        if lora is not None and state.lora is not None:
+            state.lora.in_flight[lora.name] -= 1
+
+
+async def _counted(events: AsyncIterator[str], in_flight: Counter[str], name: str) -> AsyncIterator[str]:
+    """The stream's events, with the adapter's count of requests in flight taken back at its end."""
+    try:
+        async for event in events:
+            yield event
+    finally:
+        in_flight[name] -= 1
 
 
 async def _collect(stream: RequestStream, num_choices: int) -> tuple[list[ChoiceResult], Usage,

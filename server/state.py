@@ -16,6 +16,7 @@ from common.gc_heap import freeze_startup_heap
 from common.messages import EngineReady
 from server.config import ServerConfig
 from server.errors import ApiError, unavailable
+from server.lora import LoraRegistry, parse_lora_module
 from server.metrics import ServerMetrics
 from server.processes import ChildProcesses
 from server.worker_client import WorkerClient
@@ -36,6 +37,15 @@ class ServingState:
         self.served_model_names = served_model_names
         self.served_model_name = served_model_names[0]
         self.metrics = ServerMetrics(self.served_model_name)
+        # the LoRA adapters served as models (server/lora.py), with --enable-lora
+        self.lora: LoraRegistry | None = None
+        if engine_config.enable_lora:
+            self.lora = LoraRegistry(model_dir, engine_config.max_lora_rank, engine_config.max_loras,
+                                     served_model_names)
+            for module in map(parse_lora_module, server_config.lora_modules):
+                self.lora.add(module.name, module.path, module.base_model_name)
+        elif server_config.lora_modules:
+            raise ValueError("--lora-modules needs --enable-lora")
         self.paths: IpcPaths | None = None
         self.client: WorkerClient | None = None
         self.processes: ChildProcesses | None = None
@@ -117,6 +127,8 @@ class ServingState:
         return self.ready
 
     def check_model(self, model: str | None) -> None:
+        if model is not None and self.lora is not None and model in self.lora.adapters:
+            return
         if model is not None and model not in self.served_model_names:
             served = ", ".join(f"`{name}`" for name in self.served_model_names)
             raise ApiError(404, f"The model `{model[:200]}` does not exist; this server serves {served}.", "model",

@@ -14,6 +14,8 @@ import torch
 class StepLora:
     # (resident slot, the flat batch's rows that run with it: None = every row); base rows in none
     groups: list[tuple[int, torch.Tensor | None]]
+    # per flat-batch row its slot, -1 for the base model (the Triton kernels' index)
+    token_slots: torch.Tensor
 
 
 _current: contextvars.ContextVar[StepLora | None] = contextvars.ContextVar("step_lora", default=None)

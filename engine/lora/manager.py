@@ -129,8 +129,10 @@ class LoraManager:
             return None
         slots = self.activate(loras)
         groups: list[tuple[int, torch.Tensor | None]] = []
+        token_slots = np.full(len(token_lora_ids), -1, np.int32)
         for lora_id, slot in slots.items():
             rows = np.flatnonzero(token_lora_ids == lora_id)
+            token_slots[rows] = slot
             whole = len(rows) == len(token_lora_ids)
             groups.append((slot, None if whole else torch.from_numpy(rows).to(self.device)))
-        return StepLora(groups)
+        return StepLora(groups, torch.from_numpy(token_slots).to(self.device))

@@ -26,6 +26,9 @@ class LoraSlots:
         self.b = torch.zeros(max_loras, output_size, width, dtype=dtype, device=device)
         self.active = [False] * max_loras  # a slot whose adapter has none of this layer's modules adds nothing
         self._width = [0] * max_loras  # the rank columns in use, the rest zeros (skipped)
+        # on CUDA the delta is the Triton kernels' (engine/lora/triton_ops.py): two launches for the
+        # whole step instead of a few small matmuls per slot
+        self.triton = device.type == "cuda"
 
     def slice_index(self, module: str) -> int:
         return next(i for i, (name, _, _) in enumerate(self.slices) if name == module)
@@ -49,6 +52,11 @@ class LoraSlots:
 
     def add_delta(self, x: torch.Tensor, out: torch.Tensor, step: StepLora) -> None:
         """out[rows] += (x[rows] @ A_slot^T) @ B_slot^T for every slot group of the step, in place."""
+        if self.triton:
+            from engine.lora.triton_ops import add_lora_delta
+
+            add_lora_delta(x, out, self.a, self.b, step.token_slots)
+            return
         for slot, rows in step.groups:
             if not self.active[slot]:
                 continue

@@ -50,12 +50,13 @@ def test_dataset_lines(tmp_path):
     path = tmp_path / "requests.jsonl"
     lines = [
         {"prompt": "hello there world", "max_tokens": 3},
-        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]},
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], "model": "sql"},
     ]
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
     specs = source(dataset_path=str(path)).take(3)
     assert (specs[0].prompt, specs[0].max_tokens, specs[0].input_len) == ("hello there world", 3, 3)
     assert specs[1].messages[1] == {"role": "user", "content": "hi"} and specs[1].max_tokens == 8
+    assert (specs[0].model, specs[1].model) == (None, "sql")  # a line's own model (a LoRA adapter)
     assert specs[2].prompt == "hello there world"  # wraps around
     with pytest.raises(ValueError, match="needs --endpoint chat"):
         load_dataset(str(path), "completions")
