@@ -29,6 +29,7 @@ from torch import nn
 from engine.models.amx_linear import AmxCodesMethod, amx_ready
 from engine.models.batch_invariance import TILE_ROWS, invariant_rows_start
 from engine.models.gguf_codes import GroupCodes
+from engine.models.q4_int8_batch import Q4Int8BatchMethod, q4_int8_batch_ready
 from engine.models.int8_linear import Int8LinearMethod, int8_shape_ready
 from engine.models.linear import Linear, LinearMethod, MergedLinear
 
@@ -170,6 +171,8 @@ def use_group_codes(model: nn.Module, codes: dict[str, GroupCodes], native: Modu
             method.batch_candidates.append(AmxCodesMethod(stacked, native))
         if int8 and int8_shape_ready(layer.output_size, layer.input_size):
             method.batch_candidates.append(Int8LinearMethod(stacked.dequantize(), native))
+        if int8 and q4_int8_batch_ready(native, stacked):
+            method.batch_candidates.append(Q4Int8BatchMethod(stacked, native))
         layer.method = method
     return dense_left
 

@@ -24,6 +24,7 @@ from engine.attention.forward_context import get_forward_context
 from engine.models.amx_linear import AmxCodesMethod
 from engine.models.group_quantized import GroupQuantizedMethod
 from engine.models.int8_linear import Int8LinearMethod
+from engine.models.q4_int8_batch import Q4Int8BatchMethod
 
 
 EVERY_STEP = 1 << 30  # max_rows when every layer's batch method runs in the call too
@@ -63,6 +64,8 @@ def native_batch(method: GroupQuantizedMethod, none: torch.Tensor) -> tuple[str,
         return "int8", batch.codes, batch.scales, none
     if isinstance(batch, AmxCodesMethod):
         return "amx", batch.codes, batch.scales, batch.mins
+    if isinstance(batch, Q4Int8BatchMethod):
+        return "q4int8", batch.codes, batch.scales, batch.mins
     return "", none, none, none
 
 

@@ -18,6 +18,7 @@ from engine.llm import LLM
 from engine.models.amx_linear import AmxCodesMethod
 from engine.models.group_quantized import GroupQuantizedMethod
 from engine.models.int8_linear import Int8LinearMethod
+from engine.models.q4_int8_batch import Q4Int8BatchMethod
 from engine.models.native_decode import NativeDecodeLayers
 from engine.native import kernels
 
@@ -96,11 +97,11 @@ def test_decode_steps_in_one_call_give_the_modules_logprobs_bitwise(llm, rows):
 
 
 def test_steps_above_the_crossover(llm):
-    # in the one call where every layer's batch method is a native kernel, int8 or AMX (bitwise
-    # the modules'), else through the modules
+    # in the one call where every layer's batch method is a native kernel, int8, Q4_1 x int8 or
+    # AMX (bitwise the modules'), else through the modules
     methods = [m.method for m in llm.engine.model.modules() if isinstance(getattr(m, "method", None),
                                                                           GroupQuantizedMethod)]
-    in_the_call = all(isinstance(m.batch, (Int8LinearMethod, AmxCodesMethod)) for m in methods)
+    in_the_call = all(isinstance(m.batch, (Int8LinearMethod, Q4Int8BatchMethod, AmxCodesMethod)) for m in methods)
     native, calls = _run(llm, _prompts(MAX_ROWS + 2), native=True)
     modules, _ = _run(llm, _prompts(MAX_ROWS + 2), native=False)
     if in_the_call:

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from engine.models.gguf_codes import GroupCodes
+from engine.native import load_tier, tiers
 
 
 @pytest.fixture
 def native(native_tier):
     if not native_tier.q4_int8_linear_available():
-        pytest.skip(f"the {native_tier.tier} tier has no Q4_1 x int8 kernel (AVX512-VNNI only)")
+        pytest.skip(f"the {native_tier.tier} tier has no Q4_1 x int8 kernel (AVX512-VNNI and AVX2 have)")
     return native_tier
 
 
@@ -57,6 +58,21 @@ def test_q4_int8_linear_matches_the_reference(native, dtype, rows, inputs, outpu
     out = _run(native, x, codes, False)
     assert out.dtype == dtype
     torch.testing.assert_close(out, out32.to(dtype), rtol=0, atol=0)
+
+
+def test_the_avx2_form_is_the_vnni_form_bitwise():
+    """The AVX2 kernel's int16 pair sums give the same integer dots as VPDPBUSD, then the same
+    float32 arithmetic: every tier with the kernel answers alike, to the bit."""
+    runnable = [t for t in tiers.runnable() if load_tier(t).q4_int8_linear_available()]
+    if len(runnable) < 2:
+        pytest.skip(f"one tier with the kernel on this CPU ({[t.name for t in runnable]}): nothing to compare")
+    codes = _codes(960, 576, 7)
+    codes.codes[:16] = 0xFF  # the first 16 outputs' codes all 15: with all-equal activations
+    x = torch.randn(37, 576, generator=torch.Generator().manual_seed(7))
+    x[:4] = torch.tensor([1.0, -1.0, 0.5, -0.25]).unsqueeze(1)  # (codes 127 or -127), the int16 sums at their bound
+    first, *others = [_run(load_tier(t), x, codes, True) for t in runnable]
+    for tier, out in zip(runnable[1:], others, strict=True):
+        torch.testing.assert_close(out, first, rtol=0, atol=0, msg=f"{tier.name} vs {runnable[0].name}")
 
 
 def test_a_row_does_not_depend_on_the_batch(native):

@@ -67,7 +67,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "silu_and_mul(int8_linear(x, ...)) in one pass, for weights of [gate | up] (two halves of equal width): "
         "the sums rounded as int8_linear rounds them, then silu(gate) * up as silu_and_mul computes it",
         py::arg("x"), py::arg("weights"), py::arg("w_scale"));
-  m.def("q4_int8_linear_available", &q4_int8_linear_available, "whether q4_int8_linear was built (AVX512-VNNI)");
+  m.def("q4_int8_linear_available", &q4_int8_linear_available, "whether q4_int8_linear was built (AVX512-VNNI or AVX2)");
   m.def("q4_int8_linear", &q4_int8_linear,
         "x [rows, in] @ W^T, W the Q4_1 codes (uint8 [out/16, in/32, 4, 64] + float16 scales and mins "
         "[out/16, in/32, 16]), x as int8 per group of 32",

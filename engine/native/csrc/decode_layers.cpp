@@ -38,8 +38,9 @@ DecodeLayers::DecodeLayers(std::vector<at::Tensor> norm_weights, const std::vect
                   batch_mins.size() == codes.size() && codes_rows.size() == codes.size(),
               "int8 codes, batch methods and codes_rows for every linear");
   for (size_t i = 0; i < codes.size(); ++i) {
-    TORCH_CHECK(batch_kinds[i].empty() || batch_kinds[i] == "int8" || batch_kinds[i] == "amx",
-                "batch kind \"\", int8 or amx");
+    TORCH_CHECK(batch_kinds[i].empty() || batch_kinds[i] == "int8" || batch_kinds[i] == "amx" ||
+                    batch_kinds[i] == "q4int8",
+                "batch kind \"\", int8, amx or q4int8");
     linears_.push_back({codes[i], scales[i], mins[i], formats[i], int8_codes[i], int8_scales[i], int8_mins[i],
                         batch_kinds[i], batch_codes[i], batch_scales[i], batch_mins[i], codes_rows[i]});
   }
@@ -52,6 +53,7 @@ at::Tensor apply(const CodesLinear& w, const at::Tensor& x) {
   if (x.size(0) > w.codes_rows) {
     TORCH_CHECK(!w.batch_kind.empty(), "more rows than the codes' crossover and no native batch method");
     if (w.batch_kind == "amx") return amx_linear(x, w.batch_codes, w.batch_scales, w.batch_mins, w.format, false);
+    if (w.batch_kind == "q4int8") return q4_int8_linear(x, w.batch_codes, w.batch_scales, w.batch_mins, false);
     return int8_linear(x, w.batch_codes, w.batch_scales, false);
   }
   if (w.int8_codes.numel() > 0) return q4_int8_linear(x, w.int8_codes, w.int8_scales, w.int8_mins, false);

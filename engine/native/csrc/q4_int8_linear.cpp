@@ -75,6 +75,63 @@ void tile_rows(const llm_serve::Activations& a, const uint8_t* codes, const at::
   for (int r = 0; r < R; ++r) llm_serve::store16(out + (r0 + r) * N + tile * kOutputs, acc[r]);
 }
 
+#elif defined(LLM_SERVE_INT8_DOT)
+// The AVX2 form: VPMADDUBSW multiplies the unsigned codes by the int8 activations into int16 pair
+// sums, which add up over the whole group in int16 (eight pair sums of at most 2 x 15 x 127 each:
+// 30,480 < 32,767), and one VPMADDWD per group turns them into int32: 18 multiplying instructions
+// per row and group of 16 x 32 products where the int8 weights (int8_linear.cpp) take 32, the
+// multiplier ports being what bounds both at a batch's row counts. The same integer dots as
+// VPDPBUSD's, then the same float32 arithmetic, so the results are the VNNI tier's bitwise.
+template <int R, typename Out>
+void tile_rows(const llm_serve::Activations& a, const uint8_t* codes, const at::Half* scales, const at::Half* mins,
+               int64_t K, int64_t tile, int64_t r0, Out* out, int64_t N) {
+  const int64_t G = K / kGroup;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  alignas(32) float acc[R][kOutputs] = {};
+  const uint8_t* c = codes + tile * G * kTileBytes;
+  const at::Half* d = scales + tile * G * kOutputs;
+  const at::Half* m = mins + tile * G * kOutputs;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t ahead = 0; ahead < kTileBytes; ahead += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(c + (g + 4) * kTileBytes + ahead), _MM_HINT_T0);
+    __m256i sums[R][2];  // int16 pair sums of outputs 0..7, 8..15
+    for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
+    for (int t = 0; t < 4; ++t) {
+      __m256i low[2], high[2];  // inputs 4t..4t+3 and 4(t+4)..4(t+4)+3 of the 16 outputs
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + g * kTileBytes + 64 * t + 32 * h));
+        low[h] = _mm256_and_si256(v, nibble);
+        high[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xq = a.q.data() + (r0 + r) * K + g * kGroup;
+        int32_t four[2];
+        __builtin_memcpy(&four[0], xq + 4 * t, sizeof(int32_t));
+        __builtin_memcpy(&four[1], xq + 4 * (t + 4), sizeof(int32_t));
+        const __m256i x_low = _mm256_set1_epi32(four[0]), x_high = _mm256_set1_epi32(four[1]);
+        for (int h = 0; h < 2; ++h)
+          sums[r][h] = _mm256_add_epi16(sums[r][h], _mm256_add_epi16(_mm256_maddubs_epi16(low[h], x_low),
+                                                                     _mm256_maddubs_epi16(high[h], x_high)));
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 dg = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + g * kOutputs + 8 * h)));
+      const __m256 mg = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m + g * kOutputs + 8 * h)));
+      for (int r = 0; r < R; ++r) {
+        const int64_t rg = (r0 + r) * G + g;
+        const float qx_sum = static_cast<float>(-a.offset[rg] / 128);
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r][h], ones));
+        // dx * (d * dot + m * sum qx), as the VNNI form orders it
+        const __m256 group = _mm256_fmadd_ps(dg, dot, _mm256_mul_ps(mg, _mm256_set1_ps(qx_sum)));
+        _mm256_store_ps(acc[r] + 8 * h, _mm256_fmadd_ps(group, _mm256_set1_ps(a.scale[rg]), _mm256_load_ps(acc[r] + 8 * h)));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) llm_serve::store16(out + (r0 + r) * N + tile * kOutputs, llm_serve::load16(acc[r]));
+}
+#endif
+
+#if defined(LLM_SERVE_INT8_DOT)
 template <typename In, typename Out>
 void run(const In* x, const uint8_t* codes, const at::Half* scales, const at::Half* mins, int64_t M, int64_t K,
          int64_t N, Out* out) {
@@ -98,7 +155,7 @@ void run(const In* x, const uint8_t* codes, const at::Half* scales, const at::Ha
 }  // namespace
 
 bool q4_int8_linear_available() {
-#if defined(__AVX512VNNI__)
+#if defined(LLM_SERVE_INT8_DOT)
   return true;
 #else
   return false;
@@ -107,7 +164,7 @@ bool q4_int8_linear_available() {
 
 at::Tensor q4_int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                           const at::Tensor& mins, bool float32_out) {
-  TORCH_CHECK(q4_int8_linear_available(), "q4_int8_linear needs AVX512-VNNI");
+  TORCH_CHECK(q4_int8_linear_available(), "q4_int8_linear needs AVX512-VNNI or AVX2 (this is the scalar tier)");
   llm_serve::check_int8_input(x);
   [[maybe_unused]] const int64_t M = x.size(0);
   const int64_t K = x.size(1);
@@ -119,7 +176,7 @@ at::Tensor q4_int8_linear(const at::Tensor& x, const at::Tensor& codes, const at
     TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kHalf && t->numel() == N * (K / kGroup),
                 "scales, mins: float16 [out/16, in/32, 16], contiguous");
   return llm_serve::run_int8_kernel(x, N, float32_out, [&](const auto* xp, auto* out) {
-#if defined(__AVX512VNNI__)
+#if defined(LLM_SERVE_INT8_DOT)
     run(xp, codes.data_ptr<uint8_t>(), scales.data_ptr<at::Half>(), mins.data_ptr<at::Half>(), M, K, N, out);
 #endif
   });
