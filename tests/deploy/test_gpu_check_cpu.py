@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # the parity tests once more, and a small benchma
 
 @pytest.mark.timeout(600)  # the script's own limits: 270 s of tests, 200 s of benchmark
 def test_gpu_check_rehearsed_on_the_cpu(tmp_path):
-    pytest.importorskip("pytest_timeout")  # pinned in requirements.txt: the plugin's path is what is checked
+    pytest.importorskip("pytest_timeout")  # pinned in requirements-dev.txt: the plugin's path is what is checked
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")}
     env.update(OUT=str(tmp_path), PYTHON=sys.executable)
     run = subprocess.run(["bash", "deploy/gpu-check.sh", "--cpu"], cwd=ROOT, env=env, capture_output=True,

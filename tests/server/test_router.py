@@ -1,4 +1,4 @@
-"""Two replicas of the real server behind the real vllm-router (PyPI, pinned in requirements.txt), on
+"""Two replicas of the real server behind the real vllm-router (PyPI, pinned in requirements-dev.txt), on
 loopback: requests of every kind pass through it, its KV-aware policy fed by the replicas' KV cache
 events keeps a shared prefix on the replica that cached it, and a replica that drains mid-run
 loses no request (docs/scale-out.md)."""
@@ -26,7 +26,7 @@ from server_process import ServerProcess, parse_sse
 ROUTER_BIN = shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")
 pytestmark = [pytest.mark.slow,  # two real server processes and the router
               pytest.mark.skipif(not Path(ROUTER_BIN).exists(), reason="vllm-router is not installed "
-                                 "(pip install -r requirements.txt)")]
+                                 "(pip install -r requirements-dev.txt)")]
 MODEL = "SmolLM2-135M-Instruct"
 GROUPS, PER_GROUP = 8, 3  # shared-prefix groups, requests per group
 
