@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the Dockerfile and serve from the image on a machine without a Docker engine or Docker Hub:
-#   1. a Debian bookworm base (Python 3.11) made with debootstrap and `podman import`ed;
+#   1. a Debian bookworm base (Python 3.11 with its headers, as the python:3.11 images) made with
+#      debootstrap and `podman import`ed;
 #   2. `podman build --isolation chroot` of the Dockerfile on that base, with this machine's CA bundle
 #      (PIP_CERT) and local wheel folder (PIP_FIND_LINKS, where the CPU torch lies) mounted in;
 #   3. the image's ENTRYPOINT started with the image's ENV, USER and WORKDIR by chroot into a mounted
@@ -80,8 +81,9 @@ install_tools() {
 }
 
 build_base() {
-    log "debootstrap bookworm (python3, python3-venv, ca-certificates) from $MIRROR"
-    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+    # python3-dev: the headers the native kernels compile against, as the python:3.11 images have them
+    log "debootstrap bookworm (python3, python3-venv, python3-dev, ca-certificates) from $MIRROR"
+    debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,ca-certificates \
         bookworm "$WORK/rootfs" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 \
         || { tail -20 "$WORK/debootstrap.log"; return 1; }
     rm -rf "$WORK"/rootfs/var/cache/apt/archives/*.deb "$WORK"/rootfs/var/lib/apt/lists/*
