@@ -38,8 +38,10 @@ COPY engine/ engine/
 COPY tokenizer_worker/ tokenizer_worker/
 COPY server/ server/
 COPY loadtest/ loadtest/
+# (the check runs isolated, -I: the installed package, not the source tree here in /src, whose
+# engine/native holds no built modules)
 RUN pip install --no-deps --no-build-isolation . \
-    && python -c "from engine.native import load_tier, tiers; [load_tier(t) for t in tiers.buildable()]"
+    && python -I -c "from engine.native import load_tier, tiers; [load_tier(t) for t in tiers.buildable()]"
 
 # Runtime: the venv (our code installed in it) and the converted model; no pip cache, no build context.
 FROM ${BASE_IMAGE}
