@@ -45,8 +45,9 @@ RUN pip install --no-deps --no-build-isolation . \
 
 # Runtime: the venv (our code installed in it) and the converted model; no pip cache, no build context.
 FROM ${BASE_IMAGE}
-# A numeric USER lets Kubernetes' runAsNonRoot verify the user without reading /etc/passwd.
-RUN useradd --no-log-init --create-home --uid 1000 --user-group llm
+# A numeric USER lets Kubernetes' runAsNonRoot verify the user without reading /etc/passwd. The
+# WORKDIR is made here, the user's: no later RUN makes it (and buildah does not for a WORKDIR alone).
+RUN useradd --no-log-init --create-home --uid 1000 --user-group llm && install -d -o 1000 -g 1000 /app
 COPY --from=build /opt/venv /opt/venv
 # Owned by the server's user: into a volume mounted here without the model, the server converts it
 # on first start (from the GGUF in the image, still offline).
