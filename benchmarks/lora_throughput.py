@@ -1,17 +1,18 @@
 """Output tok/s of requests spread over LoRA adapters against the base model's, one server, one run.
 
 Makes `--adapters` peft adapters of rank `--rank` on every projection of the default model, starts
-the server with them resident (`--max-loras` = their count), and runs the load generator twice at
-the same concurrency with the same prompts: once on the base model, once with the requests spread
-round-robin over the adapters (each dataset line names its adapter). Prints both figures and their
-ratio. A benchmark, never a test: run it alone on the machine.
+the server with them resident (`--max-loras` = their count), and runs the load generator in
+alternating rounds at the same concurrency with the same prompts: on the base model, then with the
+requests spread round-robin over the adapters (each dataset line names its adapter). Prints each
+round's figures and the ratio of their medians. A benchmark, never a test: run it alone on the machine.
 
-    python -m benchmarks.lora_throughput --concurrency 32 --num-prompts 64 --output-len 64
+    python -m benchmarks.lora_throughput --concurrency 32 --num-prompts 64 --output-len 64 --rounds 2
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,11 +48,12 @@ def make_adapters(root: Path, count: int, rank: int) -> list[Path]:
     return folders
 
 
-def write_dataset(path: Path, num_prompts: int, models: list[str | None], input_words: int) -> None:
+def write_dataset(path: Path, num_prompts: int, models: list[str | None], input_words: int, tag: str) -> None:
+    """Prompts that begin with `tag`: no run finds another run's prompts in the prefix cache."""
     with open(path, "w") as f:
         for i in range(num_prompts):
             words = [WORDS[(i * 7 + j) % len(WORDS)] for j in range(input_words)]
-            line: dict = {"prompt": f"Request {i}: " + " ".join(words)}
+            line: dict = {"prompt": f"{tag}, request {i}: " + " ".join(words)}
             model = models[i % len(models)]
             if model is not None:
                 line["model"] = model
@@ -97,13 +99,15 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--input-words", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=2, help="base / adapters runs, alternating")
     parser.add_argument("server_args", nargs="*", help="more server flags (after --)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="lora-bench-"))
     folders = make_adapters(root, args.adapters, args.rank)
     names = [f"adapter{i}" for i in range(args.adapters)]
-    write_dataset(root / "base.jsonl", args.num_prompts, [None], args.input_words)
-    write_dataset(root / "lora.jsonl", args.num_prompts, list(names), args.input_words)
+    for i in range(args.rounds):
+        write_dataset(root / f"base-{i}.jsonl", args.num_prompts, [None], args.input_words, f"Base run {i}")
+        write_dataset(root / f"lora-{i}.jsonl", args.num_prompts, list(names), args.input_words, f"Adapter run {i}")
     port = free_port()
     modules = [f"{n}={f}" for n, f in zip(names, folders, strict=True)]
     server = ManagedServer("server", [sys.executable, "-m", "server", "--port", str(port), "--enable-lora",
@@ -112,12 +116,16 @@ def main() -> None:
                                       *args.server_args], port, root)
     try:
         server.wait_ready(600, probe="/health", poll_s=0.5)
-        base = run_load(server.url, root / "base.jsonl", root / "out-base", args)
-        lora = run_load(server.url, root / "lora.jsonl", root / "out-lora", args)
+        bases, loras = [], []
+        for i in range(args.rounds):
+            bases.append(run_load(server.url, root / f"base-{i}.jsonl", root / f"out-base-{i}", args))
+            loras.append(run_load(server.url, root / f"lora-{i}.jsonl", root / f"out-lora-{i}", args))
+            print(f"round {i + 1}: base {bases[-1]:.1f}, adapters {loras[-1]:.1f} output tok/s", flush=True)
     finally:
         server.stop()
-    print(f"base model:             {base:8.1f} output tok/s (c={args.concurrency}, {args.num_prompts} requests, "
-          f"{args.output_len} tokens each)")
+    base, lora = statistics.median(bases), statistics.median(loras)
+    print(f"base model:             {base:8.1f} output tok/s (median; c={args.concurrency}, {args.num_prompts} "
+          f"requests, {args.output_len} tokens each)")
     print(f"{args.adapters} adapters of rank {args.rank}: {lora:8.1f} output tok/s")
     print(f"ratio: {lora / base:.2f}x")
 

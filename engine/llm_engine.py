@@ -121,7 +121,9 @@ class LLMEngine(EngineCore):
         if config.enable_lora:
             self.lora_manager = LoraManager(self.model, read_model_config(self.model_dir), config.max_loras,
                                             config.max_lora_rank, config.max_cpu_loras or config.max_loras,
-                                            self.dtype, self.device)
+                                            self.dtype, self.device, native_kernels)
+            if self.model.native_layers is not None:  # decode steps with adapters stay in the one call
+                self.model.native_layers.attach_lora(self.model)
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
                               self.eos_token_ids, config.speculative_config,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ class LoadedLora:
 
 class LoraManager:
     def __init__(self, model: torch.nn.Module, model_config: dict, max_loras: int, max_rank: int,
-                 max_cpu_loras: int, dtype: torch.dtype, device: torch.device):
+                 max_cpu_loras: int, dtype: torch.dtype, device: torch.device, native: Any = None):
         self.model_config = model_config
         self.max_loras, self.max_rank = max_loras, max_rank
         self.max_cpu_loras = max(max_cpu_loras, max_loras)
@@ -57,6 +58,7 @@ class LoraManager:
                     slices = ([(names[s], start, size) for s, (start, size) in offsets.items()] if offsets
                               else [(module, 0, linear.output_size)])
                     by_path[path] = LoraSlots(linear.input_size, slices, max_loras, max_rank, dtype, device)
+                    by_path[path].native = native  # the native CPU kernels' delta, where they are on
                     linear.lora = by_path[path]
                 self.slots[(layer_idx, module)] = by_path[path]
         self.folders: dict[int, LoraFolder] = {}  # id -> its checked folder (cheap: names and shapes)

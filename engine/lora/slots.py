@@ -1,14 +1,20 @@
 """One linear layer's adapter slots, and the LoRA delta of a step in punica's shape.
 
 A layer that several checkpoint projections share (qkv_proj: q, k, v; gate_up_proj: gate, up) has,
-per resident slot, the slices' A matrices stacked along the rank, [slices * max_rank, in], and B as
-the block-diagonal [out, slices * max_rank] that puts each slice's update in its own output columns,
-with the adapter's scaling folded in: so a group of rows costs one shrink (x @ A^T) and one expand
-(@ B^T, added to the base output) whatever the slices. A slice the adapter leaves out, and ranks
-under max_rank, are zeros. The loop runs over the step's slot groups (at most --max-loras), never
-over requests; the rows of a group are picked with index_select and added back with index_add_.
+per resident slot, the slices' A matrices stacked along the rank, [slices * max_rank, in], and B
+transposed as the block-diagonal [slices * max_rank, out] that puts each slice's update in its own
+output columns, with the adapter's scaling folded in: so a group of rows costs one shrink (x @ A^T)
+and one expand (@ B^T, added to the base output) whatever the slices. A slice the adapter leaves
+out, and ranks under max_rank, are zeros.
+
+Where the delta runs: on the CPU the native kernel (engine/native/csrc/lora_delta.cpp, one call
+for the whole step; the one-call decode layers take the same tensors), on CUDA the Triton kernels
+(engine/lora/triton_ops.py); else torch, a loop over the step's slot groups (at most --max-loras),
+never over requests, the rows of a group picked with index_select and added back with index_add_.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -23,19 +29,20 @@ class LoraSlots:
         output_size = sum(size for _, _, size in slices)
         width = len(slices) * max_rank
         self.a = torch.zeros(max_loras, width, input_size, dtype=dtype, device=device)
-        self.b = torch.zeros(max_loras, output_size, width, dtype=dtype, device=device)
+        self.bt = torch.zeros(max_loras, width, output_size, dtype=dtype, device=device)
         self.active = [False] * max_loras  # a slot whose adapter has none of this layer's modules adds nothing
         self._width = [0] * max_loras  # the rank columns in use, the rest zeros (skipped)
         # on CUDA the delta is the Triton kernels' (engine/lora/triton_ops.py): two launches for the
         # whole step instead of a few small matmuls per slot
         self.triton = device.type == "cuda"
+        self.native: Any = None  # the native CPU kernels' module, where the engine has them
 
     def slice_index(self, module: str) -> int:
         return next(i for i, (name, _, _) in enumerate(self.slices) if name == module)
 
     def clear(self, slot: int) -> None:
         self.a[slot].zero_()
-        self.b[slot].zero_()
+        self.bt[slot].zero_()
         self.active[slot] = False
         self._width[slot] = 0
 
@@ -46,7 +53,7 @@ class LoraSlots:
         r = a.shape[0]
         col = i * self.max_rank
         self.a[slot, col:col + r].copy_(a)
-        self.b[slot, start:start + size, col:col + r].copy_(b_scaled)
+        self.bt[slot, col:col + r, start:start + size].copy_(b_scaled.t())
         self.active[slot] = True
         self._width[slot] = max(self._width[slot], col + r)
 
@@ -55,14 +62,17 @@ class LoraSlots:
         if self.triton:
             from engine.lora.triton_ops import add_lora_delta
 
-            add_lora_delta(x, out, self.a, self.b, step.token_slots)
+            add_lora_delta(x, out, self.a, self.bt.transpose(1, 2), step.token_slots)
+            return
+        if self.native is not None and x.is_cpu and out.is_contiguous():
+            self.native.lora_add_delta(x.contiguous(), out, self.a, self.bt, step.token_slots)
             return
         for slot, rows in step.groups:
             if not self.active[slot]:
                 continue
             w = self._width[slot]
-            a, b = self.a[slot, :w], self.b[slot, :, :w]
+            a, bt = self.a[slot, :w], self.bt[slot, :w]
             if rows is None:
-                out.addmm_(x @ a.t(), b.t())
+                out.addmm_(x @ a.t(), bt)
             else:
-                out.index_add_(0, rows, (x.index_select(0, rows) @ a.t()) @ b.t())
+                out.index_add_(0, rows, (x.index_select(0, rows) @ a.t()) @ bt)

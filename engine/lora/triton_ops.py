@@ -32,7 +32,7 @@ def _shrink_kernel(x_ptr, a_ptr, slot_ptr, t_ptr, K, R, stride_x, stride_a_slot,
 
 
 @triton.jit
-def _expand_kernel(t_ptr, b_ptr, slot_ptr, out_ptr, N, R, stride_t, stride_b_slot, stride_b_n, stride_out,
+def _expand_kernel(t_ptr, b_ptr, slot_ptr, out_ptr, N, R, stride_t, stride_b_slot, stride_b_n, stride_b_r, stride_out,
                    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -42,7 +42,7 @@ def _expand_kernel(t_ptr, b_ptr, slot_ptr, out_ptr, N, R, stride_t, stride_b_slo
         for r0 in range(0, R, BLOCK_R):
             r = r0 + tl.arange(0, BLOCK_R)
             t = tl.load(t_ptr + tok * stride_t + r, mask=r < R, other=0.0)
-            b = tl.load(b_ptr + slot * stride_b_slot + n[:, None] * stride_b_n + r[None, :],
+            b = tl.load(b_ptr + slot * stride_b_slot + n[:, None] * stride_b_n + r[None, :] * stride_b_r,
                         mask=(n[:, None] < N) & (r[None, :] < R), other=0.0).to(tl.float32)
             acc += tl.sum(b * t[None, :], axis=1)
         mask = n < N
@@ -53,15 +53,16 @@ def _expand_kernel(t_ptr, b_ptr, slot_ptr, out_ptr, N, R, stride_t, stride_b_slo
 def add_lora_delta(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                    token_slots: torch.Tensor) -> None:
     """out[i] += (x[i] @ a[s]^T) @ b[s]^T for every token i of slot s = token_slots[i] >= 0, in place.
-    x: [tokens, in]; out: [tokens, out]; a: [slots, R, in]; b: [slots, out, R]; token_slots: [tokens] int."""
+    x: [tokens, in]; out: [tokens, out]; a: [slots, R, in]; b: [slots, out, R] (any strides, as the
+    transpose of the slots' [slots, R, out]); token_slots: [tokens] int."""
     num_tokens, k = x.shape
     r, n = a.shape[1], out.shape[1]
-    assert x.stride(1) == 1 and out.stride(1) == 1 and a.stride(2) == 1 and b.stride(2) == 1
+    assert x.stride(1) == 1 and out.stride(1) == 1 and a.stride(2) == 1
     t = torch.empty(num_tokens, r, dtype=torch.float32, device=x.device)
     block_r = triton.next_power_of_2(min(r, 64))
     _shrink_kernel[(num_tokens, triton.cdiv(r, block_r))](
         x, a, token_slots, t, k, r, x.stride(0), a.stride(0), a.stride(1), t.stride(0),
         BLOCK_R=block_r, BLOCK_K=64)
     _expand_kernel[(num_tokens, triton.cdiv(n, 64))](
-        t, b, token_slots, out, n, r, t.stride(0), b.stride(0), b.stride(1), out.stride(0),
+        t, b, token_slots, out, n, r, t.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
         BLOCK_N=64, BLOCK_R=block_r)

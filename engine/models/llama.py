@@ -73,7 +73,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None and x.is_cpu:  # silu and mul in one pass, the same roundings
             # (not with a LoRA delta to add to the projection's output first)
-            fused = gate_up_silu_mul(self.gate_up_proj, x) if current_lora() is None else None
+            lora = self.gate_up_proj.lora is not None and current_lora() is not None
+            fused = None if lora else gate_up_silu_mul(self.gate_up_proj, x)
             return self.down_proj(fused if fused is not None else self.native.silu_and_mul(self.gate_up_proj(x)))
         gate_up = self.gate_up_proj(x)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
@@ -130,8 +131,7 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         rope = self.rotary.cos_sin(positions, x.dtype)
-        # the one native call has no LoRA deltas: a step with adapters runs the modules
-        native = decode_layers_natively(self.native_layers, x, rope) if current_lora() is None else None
+        native = decode_layers_natively(self.native_layers, x, rope)
         if native is not None:
             x, residual = native
         else:

@@ -10,7 +10,9 @@ A step goes this way when every row is a one-query decode row that the backend a
 native kernel and no row asks for batch invariance (`AttentionBackend.native_decode_inputs`),
 the rows are within every layer's codes crossover (above it a layer takes its batch method: in
 the call too where every layer's is a native kernel, int8 or AMX; a dense one only through the modules),
-and the step's KV caches are those it was built with; any other step runs the modules. A traced
+and the step's KV caches are those it was built with; any other step runs the modules. Rows that
+run LoRA adapters add their deltas in the call (engine/native/csrc/lora_delta.cpp, the kernel the
+modules add them with), once the engine attached the adapter slots (`attach_lora`). A traced
 step swaps `decode_layers_natively` out (engine/trace/recorder.py), so every module keeps its stop.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from engine.attention.forward_context import get_forward_context
+from engine.lora.context import current_lora
 from engine.models.amx_linear import AmxCodesMethod
 from engine.models.group_quantized import GroupQuantizedMethod
 from engine.models.int8_linear import Int8LinearMethod
@@ -46,6 +49,7 @@ class NativeDecodeLayers:
         batches = [native_batch(m, none) for m in methods]
         self.max_rows = EVERY_STEP if all(kind for kind, *_ in batches) else min(m.max_rows for m in methods)
         self.kv_caches = kv_caches
+        self.has_lora = False
         int8 = [m.int8_codes or (none, none, none) for m in methods]
         self.impl = native.DecodeLayers(norms, [m.codes for m in methods], [m.scales for m in methods],
                                         [m.mins for m in methods], [m.format for m in methods],
@@ -54,6 +58,20 @@ class NativeDecodeLayers:
                                         [m.max_rows for m in methods],
                                         [k for k, _ in kv_caches], [v for _, v in kv_caches], arch.num_heads,
                                         arch.num_kv_heads, arch.head_dim, arch.rms_norm_eps, arch.head_dim ** -0.5)
+
+
+    def attach_lora(self, model: Any) -> None:
+        """Hand the call every linear's LoRA slots (engine/lora/slots.py), shared with the modules:
+        adapters loaded into them later are what the call computes with."""
+        none = torch.empty(0)
+        a, bt = [], []
+        for layer in model.layers:
+            for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                           layer.mlp.down_proj):
+                a.append(none if linear.lora is None else linear.lora.a)
+                bt.append(none if linear.lora is None else linear.lora.bt)
+        self.impl.set_lora(a, bt)
+        self.has_lora = True
 
 
 def native_batch(method: GroupQuantizedMethod, none: torch.Tensor) -> tuple[str, torch.Tensor, torch.Tensor,
@@ -88,8 +106,12 @@ def unsupported_reason(model: Any) -> str | None:
 def decode_layers_natively(layers: NativeDecodeLayers | None, x: torch.Tensor,
                            rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The last layer's (output, residual) for this step's embeddings x [rows, hidden], or None
-    where the step is not one the native call takes (the caller then runs the modules)."""
+    where the step is not one the native call takes (the caller then runs the modules). Rows that
+    run LoRA adapters get their deltas in the call, from the slots `attach_lora` handed it."""
     if layers is None or x.shape[0] > layers.max_rows:
+        return None
+    lora = current_lora()
+    if lora is not None and not layers.has_lora:
         return None
     ctx = get_forward_context()
     if ctx.kv_caches is not layers.kv_caches:
@@ -98,4 +120,4 @@ def decode_layers_natively(layers: NativeDecodeLayers | None, x: torch.Tensor,
     if inputs is None:
         return None
     cos, sin = rope
-    return layers.impl.forward(x, cos, sin, *inputs)
+    return layers.impl.forward(x, cos, sin, *inputs, None if lora is None else lora.token_slots)

@@ -23,7 +23,7 @@ CSRC = Path(__file__).with_name("csrc")
 # compiled into every tier's module; the headers they include are part of the sources' hash too
 SOURCES = ("bindings.cpp", "decode_attention.cpp", "rms_norm.cpp", "quant_linear.cpp", "rope_kv.cpp", "silu_mul.cpp",
            "decode_layers.cpp", "sample_draw.cpp", "int8_linear.cpp", "q4_int8_linear.cpp", "amx_linear.cpp",
-           "prefill_attention.cpp")
+           "prefill_attention.cpp", "lora_delta.cpp")
 # OpenMP: at::parallel_for is inline, serial without it; no FMA contraction of plain a * b + c, so the
 # scalar paths round where the torch ops they replace do (the vector paths use explicit FMAs)
 COMMON_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")

@@ -70,26 +70,43 @@ at::Tensor gate_up_silu_mul(const CodesLinear& w, const at::Tensor& x) {
 }
 }  // namespace
 
+void DecodeLayers::set_lora(std::vector<at::Tensor> a, std::vector<at::Tensor> bt) {
+  TORCH_CHECK(a.size() == linears_.size() && bt.size() == linears_.size(), "LoRA slots for every linear");
+  lora_a_ = std::move(a);
+  lora_bt_ = std::move(bt);
+}
+
 std::tuple<at::Tensor, at::Tensor> DecodeLayers::forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
                                                          const at::Tensor& slot_mapping,
                                                          const at::Tensor& block_tables,
-                                                         const at::Tensor& seq_lens) const {
+                                                         const at::Tensor& seq_lens,
+                                                         const c10::optional<at::Tensor>& lora_slots) const {
   const int64_t rows = x.size(0), q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
+  TORCH_CHECK(!lora_slots.has_value() || !lora_a_.empty(), "LoRA rows and no LoRA slots set");
+  // the linear's output with the rows' adapter deltas added, as Linear.forward adds them
+  auto linear = [&](size_t i, const at::Tensor& input) {
+    at::Tensor out = apply(linears_[i], input);
+    if (lora_slots.has_value() && lora_a_[i].defined() && lora_a_[i].numel() > 0)
+      lora_add_delta(input, out, lora_a_[i], lora_bt_[i], *lora_slots);
+    return out;
+  };
   at::Tensor residual;
   for (size_t layer = 0; layer < k_caches_.size(); ++layer) {
-    const CodesLinear* w = &linears_[4 * layer];
+    const size_t i = 4 * layer;
     at::Tensor h;  // the first layer has no residual yet: the norm's "sum" is then x itself
     std::tie(h, residual) = fused_add_rms_norm(x, layer == 0 ? c10::optional<at::Tensor>() : residual,
                                                norm_weights_[2 * layer], eps_);
-    const at::Tensor qkv = apply(w[0], h);
+    const at::Tensor qkv = linear(i, h);
     const at::Tensor qk = qkv.slice(1, 0, q_size + kv_size).view({rows, heads_ + kv_heads_, head_dim_});
     const at::Tensor v = qkv.slice(1, q_size + kv_size).view({rows, kv_heads_, head_dim_});
     const auto q_k = rope_write_kv(qk, v, cos, sin, k_caches_[layer], v_caches_[layer], slot_mapping, heads_);
     const at::Tensor o = paged_decode_attention(std::get<0>(q_k).contiguous(), k_caches_[layer], v_caches_[layer],
                                                 block_tables, seq_lens, scale_);
-    x = apply(w[1], o.reshape({rows, q_size}));
+    x = linear(i + 1, o.reshape({rows, q_size}));
     std::tie(h, residual) = fused_add_rms_norm(x, residual, norm_weights_[2 * layer + 1], eps_);
-    x = apply(w[3], gate_up_silu_mul(w[2], h));
+    // with an adapter on gate/up its delta goes in before silu-and-mul: no fused pass then
+    const bool gate_up_lora = lora_slots.has_value() && lora_a_[i + 2].numel() > 0;
+    x = linear(i + 3, gate_up_lora ? silu_and_mul(linear(i + 2, h)) : gate_up_silu_mul(linears_[i + 2], h));
   }
   return {x, residual};
 }

@@ -39,16 +39,24 @@ class DecodeLayers {
                std::vector<at::Tensor> v_caches, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
                double scale);
 
+  // The LoRA adapter slots of every linear (4 * layers, in the order above; empty tensors where a
+  // linear has none): A [slots, width, in] and B transposed [slots, width, out], as lora_add_delta
+  // takes them. The tensors are shared with the Python side, which loads adapters into them.
+  void set_lora(std::vector<at::Tensor> a, std::vector<at::Tensor> bt);
+
   // x [rows, hidden] (the embeddings); cos, sin [rows, 1, head_dim]; this step's slot mapping
-  // [rows] int64, block tables [rows, blocks] int32, sequence lengths [rows] int32. Returns the
-  // last layer's (output, residual), before the final norm.
+  // [rows] int64, block tables [rows, blocks] int32, sequence lengths [rows] int32; where rows run
+  // LoRA adapters, each row's adapter slot [rows] int32 (-1: the base model). Returns the last
+  // layer's (output, residual), before the final norm.
   std::tuple<at::Tensor, at::Tensor> forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
                                              const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                                             const at::Tensor& seq_lens) const;
+                                             const at::Tensor& seq_lens,
+                                             const c10::optional<at::Tensor>& lora_slots) const;
 
  private:
   std::vector<at::Tensor> norm_weights_;  // [2 * layers]
   std::vector<CodesLinear> linears_;      // [4 * layers]: qkv, o, gate_up, down
+  std::vector<at::Tensor> lora_a_, lora_bt_;  // [4 * layers] once set_lora ran, empty tensors where none
   std::vector<at::Tensor> k_caches_, v_caches_;
   int64_t heads_, kv_heads_, head_dim_;
   double eps_, scale_;

@@ -36,3 +36,6 @@ at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& codes, const at::Te
                       const std::string& format, bool float32_out);
 at::Tensor amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                                const at::Tensor& mins, const std::string& format);
+// out[i] += (x[i] A[s]^T) B[s]^T for each row i of slot s = slots[i] >= 0, in place (lora_delta.cpp)
+void lora_add_delta(const at::Tensor& x, at::Tensor out, const at::Tensor& a, const at::Tensor& bt,
+                    const at::Tensor& slots);
