@@ -15,9 +15,11 @@ each of them.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -78,10 +80,14 @@ def test_the_sources_compile_for_aarch64():
     from torch.utils.cpp_extension import include_paths
 
     includes = [f"-I{p}" for p in [*include_paths(), sysconfig.get_paths()["include"]]]
-    for source in tiers.SOURCES:
-        done = subprocess.run(["aarch64-linux-gnu-g++", "-std=c++17", "-fsyntax-only", "-fopenmp", *includes,
+
+    def check(source: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["aarch64-linux-gnu-g++", "-std=c++17", "-fsyntax-only", "-fopenmp", *includes,
                                str(tiers.CSRC / source)], capture_output=True, text=True)
-        assert done.returncode == 0, f"{source}:\n{done.stderr[-3000:]}"
+
+    with ThreadPoolExecutor(os.cpu_count()) as pool:  # one compiler per core
+        for source, done in zip(tiers.SOURCES, pool.map(check, tiers.SOURCES), strict=True):
+            assert done.returncode == 0, f"{source}:\n{done.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")

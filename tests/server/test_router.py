@@ -199,8 +199,11 @@ def test_kv_aware_routing_on_our_events_beats_round_robin(replicas, record_prope
 
 
 def test_a_replica_that_drains_mid_run_loses_no_request(replicas):
+    # a retry goes back to the worker the policy picks, the draining one until a health check has
+    # marked it down: the retries' backoff (0.5, 1, 2, 2 s) spans several checks of 1 s
     router = Router(replicas, "cache_aware", "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-                    "--retry-max-retries", "5")
+                    "--retry-max-retries", "5", "--retry-initial-backoff-ms", "500", "--retry-max-backoff-ms", "2000",
+                    "--retry-backoff-multiplier", "2")
     results: list[int] = []
     lock = threading.Lock()
     rng = random.Random(3)

@@ -5,18 +5,16 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from server_process import start_server, stream_post
+from server_process import stream_post
 
-pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+pytestmark = pytest.mark.slow  # the real server process (and the model)
 
 CHAT_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = start_server()
-    yield s
-    s.stop()
+def server(default_server):  # the default settings: the server the other test files share
+    return default_server
 
 
 @pytest.fixture(scope="module")

@@ -8,18 +8,16 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server_process import parse_sse, start_server, stream_post
+from server_process import parse_sse, stream_post
 
-pytestmark = pytest.mark.slow  # a real server process (and the model) per module
+pytestmark = pytest.mark.slow  # the real server process (and the model)
 
 REPLACEMENT_CHAR = "\ufffd"
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = start_server()
-    yield s
-    s.stop()
+def server(default_server):  # the default settings: the server the other test files share
+    return default_server
 
 
 def engine_gauges(server) -> dict[str, float]:
