@@ -31,6 +31,9 @@ class LoraSlots:
         self.a = torch.zeros(max_loras, width, input_size, dtype=dtype, device=device)
         self.bt = torch.zeros(max_loras, width, output_size, dtype=dtype, device=device)
         self.active = [False] * max_loras  # a slot whose adapter has none of this layer's modules adds nothing
+        # the native kernel's expand slices: each slice's rank rows of B^T and its output columns
+        self.kernel_slices = [v for i, (_, start, size) in enumerate(slices)
+                              for v in (i * max_rank, (i + 1) * max_rank, start, start + size)]
         self._width = [0] * max_loras  # the rank columns in use, the rest zeros (skipped)
         # on CUDA the delta is the Triton kernels' (engine/lora/triton_ops.py): two launches for the
         # whole step instead of a few small matmuls per slot
@@ -65,7 +68,7 @@ class LoraSlots:
             add_lora_delta(x, out, self.a, self.bt.transpose(1, 2), step.token_slots)
             return
         if self.native is not None and x.is_cpu and out.is_contiguous():
-            self.native.lora_add_delta(x.contiguous(), out, self.a, self.bt, step.token_slots)
+            self.native.lora_add_delta(x.contiguous(), out, self.a, self.bt, step.token_slots, self.kernel_slices)
             return
         for slot, rows in step.groups:
             if not self.active[slot]:

@@ -64,13 +64,14 @@ class NativeDecodeLayers:
         """Hand the call every linear's LoRA slots (engine/lora/slots.py), shared with the modules:
         adapters loaded into them later are what the call computes with."""
         none = torch.empty(0)
-        a, bt = [], []
+        a, bt, slices = [], [], []
         for layer in model.layers:
             for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                            layer.mlp.down_proj):
                 a.append(none if linear.lora is None else linear.lora.a)
                 bt.append(none if linear.lora is None else linear.lora.bt)
-        self.impl.set_lora(a, bt)
+                slices.append([] if linear.lora is None else linear.lora.kernel_slices)
+        self.impl.set_lora(a, bt, slices)
         self.has_lora = True
 
 

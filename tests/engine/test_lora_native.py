@@ -67,6 +67,26 @@ def test_a_rows_delta_does_not_depend_on_the_batch(native_tier, dtype):
         assert torch.equal(alone[0], batch[i]), f"row {i}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_slices_read_only_their_blocks_of_b(native_tier, dtype):
+    """A merged projection's B^T is block-diagonal (q, k, v): with its slices the kernel reads only
+    their blocks (NaN elsewhere changes nothing) and equals float64 over the zeros."""
+    x, a, bt, base, slots = _case(dtype, 100, 70, 24, seed=2)
+    slices = [(0, 8, 0, 40), (8, 16, 40, 57), (16, 24, 57, 70)]  # ragged column ranges
+    inside = torch.zeros(24, 70, dtype=torch.bool)
+    for r0, r1, c0, c1 in slices:
+        inside[r0:r1, c0:c1] = True
+    ref = _float64(x, a, bt * inside, base, slots)
+    out = base.clone()
+    native_tier.lora_add_delta(x, out, a, bt.masked_fill(~inside, float("nan")), slots,
+                               [v for s in slices for v in s])
+    err = (out.double() - ref).abs()
+    delta = (ref - base.double()).abs().max().item()
+    assert (err <= ref.abs() * 2**-8 + delta * (2**-8 if dtype == torch.bfloat16 else 1e-5)).all()
+    with pytest.raises(RuntimeError, match="slice 0 outside"):
+        native_tier.lora_add_delta(x, base.clone(), a, bt, slots, [0, 25, 0, 70])
+
+
 def test_bad_slots_are_refused(native_tier):
     x, a, bt, base, _ = _case(torch.float32, 64, 32, 8)
     with pytest.raises(RuntimeError, match="slot 3 of row 0"):

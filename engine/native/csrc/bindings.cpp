@@ -56,13 +56,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("k_caches"), py::arg("v_caches"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("eps"), py::arg("scale"))
       .def("set_lora", &DecodeLayers::set_lora,
-           "each linear's LoRA slots (a [slots, width, in], bt [slots, width, out]; empty where none)",
-           py::arg("a"), py::arg("bt"))
+           "each linear's LoRA slots (a [slots, width, in], bt [slots, width, out]; empty where none) and "
+           "expand slices (lora_add_delta's)",
+           py::arg("a"), py::arg("bt"), py::arg("slices"))
       .def("forward", &DecodeLayers::forward, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("slot_mapping"),
            py::arg("block_tables"), py::arg("seq_lens"), py::arg("lora_slots") = py::none());
   m.def("lora_add_delta", &lora_add_delta,
-        "out[i] += (x[i] a[s]^T) bt[s] for each row i of slot s = slots[i] >= 0, in place (a LoRA delta)",
-        py::arg("x"), py::arg("out"), py::arg("a"), py::arg("bt"), py::arg("slots"));
+        "out[i] += (x[i] a[s]^T) bt[s] for each row i of slot s = slots[i] >= 0, in place (a LoRA delta); "
+        "slices: (rank begin, rank end, column begin, column end) of bt's nonzero blocks, flat (none: all of it)",
+        py::arg("x"), py::arg("out"), py::arg("a"), py::arg("bt"), py::arg("slots"),
+        py::arg("slices") = std::vector<int64_t>());
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of x = [gate | up] ([rows, 2 * width])", py::arg("x"));
   m.def("int8_linear_available", &int8_linear_available, "whether int8_linear was built (AVX512-VNNI or AVX2)");
   m.def("int8_linear", &int8_linear,

@@ -70,10 +70,13 @@ at::Tensor gate_up_silu_mul(const CodesLinear& w, const at::Tensor& x) {
 }
 }  // namespace
 
-void DecodeLayers::set_lora(std::vector<at::Tensor> a, std::vector<at::Tensor> bt) {
-  TORCH_CHECK(a.size() == linears_.size() && bt.size() == linears_.size(), "LoRA slots for every linear");
+void DecodeLayers::set_lora(std::vector<at::Tensor> a, std::vector<at::Tensor> bt,
+                            std::vector<std::vector<int64_t>> slices) {
+  TORCH_CHECK(a.size() == linears_.size() && bt.size() == linears_.size() && slices.size() == linears_.size(),
+              "LoRA slots for every linear");
   lora_a_ = std::move(a);
   lora_bt_ = std::move(bt);
+  lora_slices_ = std::move(slices);
 }
 
 std::tuple<at::Tensor, at::Tensor> DecodeLayers::forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
@@ -87,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor> DecodeLayers::forward(at::Tensor x, const at:
   auto linear = [&](size_t i, const at::Tensor& input) {
     at::Tensor out = apply(linears_[i], input);
     if (lora_slots.has_value() && lora_a_[i].defined() && lora_a_[i].numel() > 0)
-      lora_add_delta(input, out, lora_a_[i], lora_bt_[i], *lora_slots);
+      lora_add_delta(input, out, lora_a_[i], lora_bt_[i], *lora_slots, lora_slices_[i]);
     return out;
   };
   at::Tensor residual;

@@ -40,9 +40,10 @@ class DecodeLayers {
                double scale);
 
   // The LoRA adapter slots of every linear (4 * layers, in the order above; empty tensors where a
-  // linear has none): A [slots, width, in] and B transposed [slots, width, out], as lora_add_delta
-  // takes them. The tensors are shared with the Python side, which loads adapters into them.
-  void set_lora(std::vector<at::Tensor> a, std::vector<at::Tensor> bt);
+  // linear has none): A [slots, width, in], B transposed [slots, width, out] and the expand's
+  // slices, as lora_add_delta takes them. The tensors are shared with the Python side, which loads
+  // adapters into them.
+  void set_lora(std::vector<at::Tensor> a, std::vector<at::Tensor> bt, std::vector<std::vector<int64_t>> slices);
 
   // x [rows, hidden] (the embeddings); cos, sin [rows, 1, head_dim]; this step's slot mapping
   // [rows] int64, block tables [rows, blocks] int32, sequence lengths [rows] int32; where rows run
@@ -57,6 +58,7 @@ class DecodeLayers {
   std::vector<at::Tensor> norm_weights_;  // [2 * layers]
   std::vector<CodesLinear> linears_;      // [4 * layers]: qkv, o, gate_up, down
   std::vector<at::Tensor> lora_a_, lora_bt_;  // [4 * layers] once set_lora ran, empty tensors where none
+  std::vector<std::vector<int64_t>> lora_slices_;
   std::vector<at::Tensor> k_caches_, v_caches_;
   int64_t heads_, kv_heads_, head_dim_;
   double eps_, scale_;

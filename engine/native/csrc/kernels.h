@@ -6,6 +6,7 @@
 
 #include <string>
 #include <tuple>
+#include <vector>
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale);
@@ -38,4 +39,4 @@ at::Tensor amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& codes, con
                                const at::Tensor& mins, const std::string& format);
 // out[i] += (x[i] A[s]^T) B[s]^T for each row i of slot s = slots[i] >= 0, in place (lora_delta.cpp)
 void lora_add_delta(const at::Tensor& x, at::Tensor out, const at::Tensor& a, const at::Tensor& bt,
-                    const at::Tensor& slots);
+                    const at::Tensor& slots, const std::vector<int64_t>& slices);

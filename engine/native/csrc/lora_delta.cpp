@@ -7,7 +7,8 @@
 // rows of slot -1 (the base model) are left as they are. Shapes: x [rows, in] and out [rows, n],
 // contiguous rows, in one dtype (float32 or bfloat16) with a [slots, width, in] (the A matrices,
 // the slices stacked along the rank) and bt [slots, width, n] (B transposed, scaling folded in:
-// the expand adds whole rows of it); slots [rows] int32.
+// the expand adds whole rows of it); slots [rows] int32; slices: where B^T is block-diagonal (a
+// merged projection), each block's rank rows and output columns, so the zeros are skipped.
 //
 // The rows are taken in blocks of up to kBlockRows rows of one slot, so a block reads the slot's A
 // and B once. Each row keeps its own sums, added in the same order whatever block or tile it is in:
@@ -33,6 +34,12 @@ constexpr int kBlockRows = 8, kShrinkRows = 4, kShrinkRanks = 4, kExpandVecs = 2
 #else
 constexpr int kBlockRows = 4, kShrinkRows = 2, kShrinkRanks = 2, kExpandVecs = 1;
 #endif
+
+// An expand slice: B^T's rank rows [r0, r1) feed output columns [c0, c1) (a merged projection's
+// q, k, v or gate, up); the rest of B^T is zeros.
+struct Slice {
+  int64_t r0, r1, c0, c1;
+};
 
 struct Block {
   int64_t slot;
@@ -83,21 +90,22 @@ void shrink_tile(const float* const* x, const T* const* a, int64_t in, float t[M
       for (int q = 0; q < Q; ++q) t[j][q] += x[j][k] * static_cast<float>(a[q][k]);
 }
 
-// out[j][c] += t[j] . B^T[:, c] for M rows and columns c0 <= c < n: t [M, width] float32, bt
-// [width, n] with rows `stride` apart
+// out[j][c] += t[j] . B^T[:, c] over `ranks` rank columns, for M rows and the columns c_begin <= c
+// < c_end: t's rows t_stride apart (float32), B^T's rows bt_stride apart
 template <typename T, int M>
-void expand_rows(const float* t, int64_t width, const T* bt, int64_t stride, int64_t c0, int64_t n, T* const* out) {
-  int64_t c = c0;
+void expand_rows(const float* t, int64_t t_stride, int64_t ranks, const T* bt, int64_t bt_stride, int64_t c_begin,
+                 int64_t c_end, T* const* out) {
+  int64_t c = c_begin;
 #if defined(LLM_SERVE_VEC16)
-  for (; c + 16 * kExpandVecs <= n; c += 16 * kExpandVecs) {
+  for (; c + 16 * kExpandVecs <= c_end; c += 16 * kExpandVecs) {
     llm_serve::f32x16 acc[M][kExpandVecs];
     for (int j = 0; j < M; ++j)
       for (int e = 0; e < kExpandVecs; ++e) acc[j][e] = llm_serve::zero16();
-    for (int64_t r = 0; r < width; ++r) {
+    for (int64_t r = 0; r < ranks; ++r) {
       llm_serve::f32x16 bv[kExpandVecs];
-      for (int e = 0; e < kExpandVecs; ++e) bv[e] = llm_serve::load16(bt + r * stride + c + 16 * e);
+      for (int e = 0; e < kExpandVecs; ++e) bv[e] = llm_serve::load16(bt + r * bt_stride + c + 16 * e);
       for (int j = 0; j < M; ++j) {
-        const llm_serve::f32x16 tj = llm_serve::set16(t[j * width + r]);
+        const llm_serve::f32x16 tj = llm_serve::set16(t[j * t_stride + r]);
         for (int e = 0; e < kExpandVecs; ++e) acc[j][e] = llm_serve::fmadd(tj, bv[e], acc[j][e]);
       }
     }
@@ -107,30 +115,31 @@ void expand_rows(const float* t, int64_t width, const T* bt, int64_t stride, int
         llm_serve::store16(o, llm_serve::add(llm_serve::load16(o), acc[j][e]));
       }
   }
-  for (; c + 16 <= n; c += 16) {  // the same sums, one vector of columns at a time
+  for (; c + 16 <= c_end; c += 16) {  // the same sums, one vector of columns at a time
     llm_serve::f32x16 acc[M];
     for (int j = 0; j < M; ++j) acc[j] = llm_serve::zero16();
-    for (int64_t r = 0; r < width; ++r) {
-      const llm_serve::f32x16 bv = llm_serve::load16(bt + r * stride + c);
-      for (int j = 0; j < M; ++j) acc[j] = llm_serve::fmadd(llm_serve::set16(t[j * width + r]), bv, acc[j]);
+    for (int64_t r = 0; r < ranks; ++r) {
+      const llm_serve::f32x16 bv = llm_serve::load16(bt + r * bt_stride + c);
+      for (int j = 0; j < M; ++j) acc[j] = llm_serve::fmadd(llm_serve::set16(t[j * t_stride + r]), bv, acc[j]);
     }
     for (int j = 0; j < M; ++j) llm_serve::store16(out[j] + c, llm_serve::add(llm_serve::load16(out[j] + c), acc[j]));
   }
 #endif
-  for (; c < n; ++c)
+  for (; c < c_end; ++c)
     for (int j = 0; j < M; ++j) {
       float sum = 0.f;
-      for (int64_t r = 0; r < width; ++r) sum += t[j * width + r] * static_cast<float>(bt[r * stride + c]);
+      for (int64_t r = 0; r < ranks; ++r) sum += t[j * t_stride + r] * static_cast<float>(bt[r * bt_stride + c]);
       out[j][c] = static_cast<T>(static_cast<float>(out[j][c]) + sum);
     }
 }
 
 template <typename T, int M = kBlockRows>
-void expand_block(int m, const float* t, int64_t width, const T* bt, int64_t c0, int64_t n, T* const* out) {
+void expand_block(int m, const float* t, int64_t t_stride, int64_t ranks, const T* bt, int64_t bt_stride,
+                  int64_t c_begin, int64_t c_end, T* const* out) {
   if constexpr (M > 1) {
-    if (m < M) return expand_block<T, M - 1>(m, t, width, bt, c0, n, out);
+    if (m < M) return expand_block<T, M - 1>(m, t, t_stride, ranks, bt, bt_stride, c_begin, c_end, out);
   }
-  expand_rows<T, M>(t, width, bt, n, c0, n, out);
+  expand_rows<T, M>(t, t_stride, ranks, bt, bt_stride, c_begin, c_end, out);
 }
 
 #if defined(__AVX512BF16__)
@@ -167,24 +176,25 @@ inline uint32_t bf16_pair(float lo, float hi) {
   return static_cast<uint32_t>(Bf16(lo).x) | (static_cast<uint32_t>(Bf16(hi).x) << 16);
 }
 
-// the columns [0, n - n % 32) of expand_rows's sum in pairs; returns where the chunks end
+// expand_rows's sum in pairs over whole chunks of 32 columns from c_begin; returns where they end
 template <int M>
-int64_t expand_rows_bf16(const float* t, int64_t width, const Bf16* bt, int64_t n, Bf16* const* out) {
-  const int64_t pairs = (width + 1) / 2;
+int64_t expand_rows_bf16(const float* t, int64_t t_stride, int64_t ranks, const Bf16* bt, int64_t bt_stride,
+                         int64_t c_begin, int64_t c_end, Bf16* const* out) {
+  const int64_t pairs = (ranks + 1) / 2;
   uint32_t tp[M][64];
-  TORCH_CHECK(pairs <= 64, "LoRA width over 128");
+  TORCH_CHECK(pairs <= 64, "LoRA rank over 128");
   for (int j = 0; j < M; ++j)
     for (int64_t p = 0; p < pairs; ++p)
-      tp[j][p] = bf16_pair(t[j * width + 2 * p], 2 * p + 1 < width ? t[j * width + 2 * p + 1] : 0.f);
+      tp[j][p] = bf16_pair(t[j * t_stride + 2 * p], 2 * p + 1 < ranks ? t[j * t_stride + 2 * p + 1] : 0.f);
   const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  int64_t c = 0;
-  for (; c + 32 <= n; c += 32) {
+  int64_t c = c_begin;
+  for (; c + 32 <= c_end; c += 32) {
     __m512 lo_acc[M], hi_acc[M];
     for (int j = 0; j < M; ++j) lo_acc[j] = hi_acc[j] = _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
-      const __m512i b0 = _mm512_loadu_si512(bt + 2 * p * n + c);
-      const __m512i b1 = _mm512_loadu_si512(bt + std::min<int64_t>(2 * p + 1, width - 1) * n + c);  // t 0 past width
+      const __m512i b0 = _mm512_loadu_si512(bt + 2 * p * bt_stride + c);
+      const __m512i b1 = _mm512_loadu_si512(bt + std::min<int64_t>(2 * p + 1, ranks - 1) * bt_stride + c);  // t 0 past
       const __m512bh lo = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(b0, b1));
       const __m512bh hi = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(b0, b1));
       for (int j = 0; j < M; ++j) {
@@ -204,17 +214,18 @@ int64_t expand_rows_bf16(const float* t, int64_t width, const Bf16* bt, int64_t 
 }
 
 template <int M = kBlockRows>
-int64_t expand_block_bf16(int m, const float* t, int64_t width, const Bf16* bt, int64_t n, Bf16* const* out) {
+int64_t expand_block_bf16(int m, const float* t, int64_t t_stride, int64_t ranks, const Bf16* bt, int64_t bt_stride,
+                          int64_t c_begin, int64_t c_end, Bf16* const* out) {
   if constexpr (M > 1) {
-    if (m < M) return expand_block_bf16<M - 1>(m, t, width, bt, n, out);
+    if (m < M) return expand_block_bf16<M - 1>(m, t, t_stride, ranks, bt, bt_stride, c_begin, c_end, out);
   }
-  return expand_rows_bf16<M>(t, width, bt, n, out);
+  return expand_rows_bf16<M>(t, t_stride, ranks, bt, bt_stride, c_begin, c_end, out);
 }
 #endif
 
 template <typename T>
 void add_block_delta(const Block& block, const T* x, T* out, const T* a, const T* bt, int64_t in, int64_t n,
-                     int64_t width, std::vector<float>& xs, std::vector<float>& t) {
+                     int64_t width, const std::vector<Slice>& slices, std::vector<float>& xs, std::vector<float>& t) {
   const int m = block.count;
   xs.resize(m * in);
   t.resize(m * width);
@@ -241,19 +252,26 @@ void add_block_delta(const Block& block, const T* x, T* out, const T* a, const T
         for (int q = 0; q < kShrinkRanks && r0 + q < width; ++q) t[(j0 + j) * width + r0 + q] = tile[j][q];
     }
   }
-  // expand: out += t B^T
+  // expand: out += t B^T, each slice's rank columns into its output columns (B^T's other blocks
+  // are zeros, never read)
   T* out_rows[kBlockRows];
   for (int j = 0; j < m; ++j) out_rows[j] = out + block.rows[j] * n;
-  int64_t c0 = 0;  // the columns before c0 done in pairs
+  const T* bt_slot = bt + block.slot * width * n;
+  for (const Slice& s : slices) {
+    const float* ts = t.data() + s.r0;
+    const T* bts = bt_slot + s.r0 * n;
+    int64_t c = s.c0;  // the columns before c done in pairs
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, at::BFloat16>) c0 = expand_block_bf16(m, t.data(), width, bt + block.slot * width * n, n, out_rows);
+    if constexpr (std::is_same_v<T, at::BFloat16>)
+      c = expand_block_bf16(m, ts, width, s.r1 - s.r0, bts, n, s.c0, s.c1, out_rows);
 #endif
-  expand_block<T>(m, t.data(), width, bt + block.slot * width * n, c0, n, out_rows);
+    expand_block<T>(m, ts, width, s.r1 - s.r0, bts, n, c, s.c1, out_rows);
+  }
 }
 
 template <typename T>
 void add_delta(const at::Tensor& x, at::Tensor& out, const at::Tensor& a, const at::Tensor& bt,
-               const std::vector<Block>& blocks) {
+               const std::vector<Block>& blocks, const std::vector<Slice>& slices) {
   const int64_t in = x.size(1), n = out.size(1), width = a.size(1);
   const T* xp = x.data_ptr<T>();
   T* op = out.data_ptr<T>();
@@ -261,14 +279,14 @@ void add_delta(const at::Tensor& x, at::Tensor& out, const at::Tensor& a, const 
   const T* bp = bt.data_ptr<T>();
   llm_serve::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> xs, t;
-    for (int64_t b = lo; b < hi; ++b) add_block_delta<T>(blocks[b], xp, op, ap, bp, in, n, width, xs, t);
+    for (int64_t b = lo; b < hi; ++b) add_block_delta<T>(blocks[b], xp, op, ap, bp, in, n, width, slices, xs, t);
   });
 }
 
 }  // namespace
 
 void lora_add_delta(const at::Tensor& x, at::Tensor out, const at::Tensor& a, const at::Tensor& bt,
-                    const at::Tensor& slots) {
+                    const at::Tensor& slots, const std::vector<int64_t>& slices) {
   TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && x.size(0) == out.size(0), "x [rows, in], out [rows, n]");
   TORCH_CHECK(x.is_contiguous() && out.is_contiguous() && a.is_contiguous() && bt.is_contiguous(),
               "x, out, a and bt contiguous");
@@ -284,11 +302,20 @@ void lora_add_delta(const at::Tensor& x, at::Tensor out, const at::Tensor& a, co
   const int32_t* sp = slots.data_ptr<int32_t>();
   for (int64_t i = 0; i < slots.size(0); ++i)
     TORCH_CHECK(sp[i] >= -1 && sp[i] < a.size(0), "slot ", sp[i], " of row ", i, " outside -1..", a.size(0) - 1);
+  TORCH_CHECK(slices.size() % 4 == 0, "slices: (rank begin, rank end, column begin, column end) each");
+  std::vector<Slice> parts;
+  for (size_t i = 0; i < slices.size(); i += 4) {
+    parts.push_back({slices[i], slices[i + 1], slices[i + 2], slices[i + 3]});
+    const Slice& s = parts.back();
+    TORCH_CHECK(0 <= s.r0 && s.r0 < s.r1 && s.r1 <= a.size(1) && 0 <= s.c0 && s.c0 < s.c1 && s.c1 <= out.size(1),
+                "slice ", i / 4, " outside B^T [", a.size(1), ", ", out.size(1), "]");
+  }
+  if (parts.empty()) parts.push_back({0, a.size(1), 0, out.size(1)});  // no slices: B^T whole
   const std::vector<Block> blocks = slot_blocks(sp, x.size(0));
   if (x.scalar_type() == at::kBFloat16)
-    add_delta<at::BFloat16>(x, out, a, bt, blocks);
+    add_delta<at::BFloat16>(x, out, a, bt, blocks, parts);
   else if (x.scalar_type() == at::kFloat)
-    add_delta<float>(x, out, a, bt, blocks);
+    add_delta<float>(x, out, a, bt, blocks, parts);
   else
     TORCH_CHECK(false, "lora_add_delta: float32 or bfloat16");
 }
