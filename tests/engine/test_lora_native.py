@@ -16,6 +16,8 @@ from lora_adapters import make_adapter
 from common.default_model import ensure_default_model
 from common.messages import LoraRequest, SamplingParams
 from engine.llm import LLM
+from engine.models.group_quantized import GroupQuantizedMethod
+from engine.models.native_decode import NativeDecodeLayers
 from engine.native import kernels
 
 SLOTS = [-1, 0, 2, 1, -1, 2, 2, 0, 1, 2, 2, 2, 0]  # mixed, and runs longer than one block of rows
@@ -116,7 +118,14 @@ def test_decode_steps_with_adapters_run_in_the_one_call(tmp_path):
               enable_prefix_caching=False, enable_lora=True, max_loras=2)
     model = llm.engine.model
     assert model.native_layers is not None and model.native_layers.has_lora
-    layers = model.native_layers
+    # every layer on its codes up to 4 rows, whatever crossover this machine timed at start-up (a
+    # busy machine can time it under 3 rows, and steps above it leave the call unless every batch
+    # method is a native kernel)
+    for module in model.modules():
+        if isinstance(getattr(module, "method", None), GroupQuantizedMethod):
+            module.method.max_rows = 4
+    layers = NativeDecodeLayers(model, kernels(), model.native_layers.kv_caches)
+    layers.attach_lora(model)
     layers.impl = CountedCalls(layers.impl)
     prompts = [[300 + 13 * i + 7 * j for j in range(24)] for i in range(3)]
     params = SamplingParams(temperature=0, max_tokens=10, min_tokens=10, logprobs=2)

@@ -6,6 +6,7 @@
 #include "decode_layers.h"
 
 #include "kernels.h"
+#include "lora_delta.h"
 
 #include <utility>
 
@@ -77,6 +78,9 @@ void DecodeLayers::set_lora(std::vector<at::Tensor> a, std::vector<at::Tensor> b
   lora_a_ = std::move(a);
   lora_bt_ = std::move(bt);
   lora_slices_ = std::move(slices);
+  lora_num_slots_ = 0;
+  for (const at::Tensor& t : lora_a_)
+    if (t.numel() > 0) lora_num_slots_ = t.size(0);
 }
 
 std::tuple<at::Tensor, at::Tensor> DecodeLayers::forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
@@ -86,11 +90,13 @@ std::tuple<at::Tensor, at::Tensor> DecodeLayers::forward(at::Tensor x, const at:
                                                          const c10::optional<at::Tensor>& lora_slots) const {
   const int64_t rows = x.size(0), q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
   TORCH_CHECK(!lora_slots.has_value() || !lora_a_.empty(), "LoRA rows and no LoRA slots set");
+  // the step's rows grouped by adapter slot once, for every projection's delta
+  const LoraRows step_rows = lora_slots.has_value() ? lora_rows(*lora_slots, lora_num_slots_) : LoraRows();
+  auto has_lora = [&](size_t i) { return lora_slots.has_value() && lora_a_[i].numel() > 0; };
   // the linear's output with the rows' adapter deltas added, as Linear.forward adds them
   auto linear = [&](size_t i, const at::Tensor& input) {
     at::Tensor out = apply(linears_[i], input);
-    if (lora_slots.has_value() && lora_a_[i].defined() && lora_a_[i].numel() > 0)
-      lora_add_delta(input, out, lora_a_[i], lora_bt_[i], *lora_slots, lora_slices_[i]);
+    if (has_lora(i)) lora_add_delta_rows(input, out, lora_a_[i], lora_bt_[i], step_rows, lora_slices_[i]);
     return out;
   };
   at::Tensor residual;
@@ -108,8 +114,7 @@ std::tuple<at::Tensor, at::Tensor> DecodeLayers::forward(at::Tensor x, const at:
     x = linear(i + 1, o.reshape({rows, q_size}));
     std::tie(h, residual) = fused_add_rms_norm(x, residual, norm_weights_[2 * layer + 1], eps_);
     // with an adapter on gate/up its delta goes in before silu-and-mul: no fused pass then
-    const bool gate_up_lora = lora_slots.has_value() && lora_a_[i + 2].numel() > 0;
-    x = linear(i + 3, gate_up_lora ? silu_and_mul(linear(i + 2, h)) : gate_up_silu_mul(linears_[i + 2], h));
+    x = linear(i + 3, has_lora(i + 2) ? silu_and_mul(linear(i + 2, h)) : gate_up_silu_mul(linears_[i + 2], h));
   }
   return {x, residual};
 }

@@ -59,6 +59,7 @@ class DecodeLayers {
   std::vector<CodesLinear> linears_;      // [4 * layers]: qkv, o, gate_up, down
   std::vector<at::Tensor> lora_a_, lora_bt_;  // [4 * layers] once set_lora ran, empty tensors where none
   std::vector<std::vector<int64_t>> lora_slices_;
+  int64_t lora_num_slots_ = 0;
   std::vector<at::Tensor> k_caches_, v_caches_;
   int64_t heads_, kv_heads_, head_dim_;
   double eps_, scale_;

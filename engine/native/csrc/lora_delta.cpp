@@ -16,11 +16,13 @@
 #include "aten.h"
 
 #include "kernels.h"
+#include "lora_delta.h"
 #include "parallel.h"
 #include "vec16.h"
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -34,6 +36,12 @@ constexpr int kBlockRows = 8, kShrinkRows = 4, kShrinkRanks = 4, kExpandVecs = 2
 #else
 constexpr int kBlockRows = 4, kShrinkRows = 2, kShrinkRanks = 2, kExpandVecs = 1;
 #endif
+static_assert(kBlockRows <= kLoraBlockRowsMax);
+#if defined(__AVX512BF16__)
+constexpr bool kBf16Pairs = true;  // bfloat16 through VDPBF16PS pairs (below)
+#else
+constexpr bool kBf16Pairs = false;
+#endif
 
 // An expand slice: B^T's rank rows [r0, r1) feed output columns [c0, c1) (a merged projection's
 // q, k, v or gate, up); the rest of B^T is zeros.
@@ -41,25 +49,14 @@ struct Slice {
   int64_t r0, r1, c0, c1;
 };
 
-struct Block {
-  int64_t slot;
-  int64_t rows[kBlockRows];
-  int count;
-};
-
-// Runs of rows of one slot, in row order within a slot, chopped to kBlockRows.
-std::vector<Block> slot_blocks(const int32_t* slots, int64_t rows) {
-  std::vector<int64_t> order;
-  for (int64_t i = 0; i < rows; ++i)
-    if (slots[i] >= 0) order.push_back(i);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return slots[a] < slots[b]; });
-  std::vector<Block> blocks;
-  for (int64_t i : order) {
-    if (blocks.empty() || blocks.back().slot != slots[i] || blocks.back().count == kBlockRows)
-      blocks.push_back({slots[i], {}, 0});
-    blocks.back().rows[blocks.back().count++] = i;
+// f(std::integral_constant<int, m>{}) for a block's row count m in 1..M: the tiles' row count is a
+// compile-time constant, so their sums stay in registers
+template <int M = kBlockRows, typename F>
+auto with_rows(int m, F&& f) {
+  if constexpr (M > 1) {
+    if (m < M) return with_rows<M - 1>(m, std::forward<F>(f));
   }
-  return blocks;
+  return f(std::integral_constant<int, M>{});
 }
 
 // t[j][q] = x[j] . a[q] for a tile of rows x rank columns (pointers repeat the last valid row or
@@ -90,6 +87,33 @@ void shrink_tile(const float* const* x, const T* const* a, int64_t in, float t[M
       for (int q = 0; q < Q; ++q) t[j][q] += x[j][k] * static_cast<float>(a[q][k]);
 }
 
+#if defined(LLM_SERVE_VEC16)
+// expand_rows's sums over whole chunks of 16 * V columns from c; returns where they end
+template <typename T, int M, int V>
+int64_t expand_vectors(const float* t, int64_t t_stride, int64_t ranks, const T* bt, int64_t bt_stride, int64_t c,
+                       int64_t c_end, T* const* out) {
+  for (; c + 16 * V <= c_end; c += 16 * V) {
+    llm_serve::f32x16 acc[M][V];
+    for (int j = 0; j < M; ++j)
+      for (int e = 0; e < V; ++e) acc[j][e] = llm_serve::zero16();
+    for (int64_t r = 0; r < ranks; ++r) {
+      llm_serve::f32x16 bv[V];
+      for (int e = 0; e < V; ++e) bv[e] = llm_serve::load16(bt + r * bt_stride + c + 16 * e);
+      for (int j = 0; j < M; ++j) {
+        const llm_serve::f32x16 tj = llm_serve::set16(t[j * t_stride + r]);
+        for (int e = 0; e < V; ++e) acc[j][e] = llm_serve::fmadd(tj, bv[e], acc[j][e]);
+      }
+    }
+    for (int j = 0; j < M; ++j)
+      for (int e = 0; e < V; ++e) {
+        T* o = out[j] + c + 16 * e;
+        llm_serve::store16(o, llm_serve::add(llm_serve::load16(o), acc[j][e]));
+      }
+  }
+  return c;
+}
+#endif
+
 // out[j][c] += t[j] . B^T[:, c] over `ranks` rank columns, for M rows and the columns c_begin <= c
 // < c_end: t's rows t_stride apart (float32), B^T's rows bt_stride apart
 template <typename T, int M>
@@ -97,33 +121,8 @@ void expand_rows(const float* t, int64_t t_stride, int64_t ranks, const T* bt, i
                  int64_t c_end, T* const* out) {
   int64_t c = c_begin;
 #if defined(LLM_SERVE_VEC16)
-  for (; c + 16 * kExpandVecs <= c_end; c += 16 * kExpandVecs) {
-    llm_serve::f32x16 acc[M][kExpandVecs];
-    for (int j = 0; j < M; ++j)
-      for (int e = 0; e < kExpandVecs; ++e) acc[j][e] = llm_serve::zero16();
-    for (int64_t r = 0; r < ranks; ++r) {
-      llm_serve::f32x16 bv[kExpandVecs];
-      for (int e = 0; e < kExpandVecs; ++e) bv[e] = llm_serve::load16(bt + r * bt_stride + c + 16 * e);
-      for (int j = 0; j < M; ++j) {
-        const llm_serve::f32x16 tj = llm_serve::set16(t[j * t_stride + r]);
-        for (int e = 0; e < kExpandVecs; ++e) acc[j][e] = llm_serve::fmadd(tj, bv[e], acc[j][e]);
-      }
-    }
-    for (int j = 0; j < M; ++j)
-      for (int e = 0; e < kExpandVecs; ++e) {
-        T* o = out[j] + c + 16 * e;
-        llm_serve::store16(o, llm_serve::add(llm_serve::load16(o), acc[j][e]));
-      }
-  }
-  for (; c + 16 <= c_end; c += 16) {  // the same sums, one vector of columns at a time
-    llm_serve::f32x16 acc[M];
-    for (int j = 0; j < M; ++j) acc[j] = llm_serve::zero16();
-    for (int64_t r = 0; r < ranks; ++r) {
-      const llm_serve::f32x16 bv = llm_serve::load16(bt + r * bt_stride + c);
-      for (int j = 0; j < M; ++j) acc[j] = llm_serve::fmadd(llm_serve::set16(t[j * t_stride + r]), bv, acc[j]);
-    }
-    for (int j = 0; j < M; ++j) llm_serve::store16(out[j] + c, llm_serve::add(llm_serve::load16(out[j] + c), acc[j]));
-  }
+  c = expand_vectors<T, M, kExpandVecs>(t, t_stride, ranks, bt, bt_stride, c, c_end, out);
+  c = expand_vectors<T, M, 1>(t, t_stride, ranks, bt, bt_stride, c, c_end, out);  // the same sums, a vector at a time
 #endif
   for (; c < c_end; ++c)
     for (int j = 0; j < M; ++j) {
@@ -131,15 +130,6 @@ void expand_rows(const float* t, int64_t t_stride, int64_t ranks, const T* bt, i
       for (int64_t r = 0; r < ranks; ++r) sum += t[j * t_stride + r] * static_cast<float>(bt[r * bt_stride + c]);
       out[j][c] = static_cast<T>(static_cast<float>(out[j][c]) + sum);
     }
-}
-
-template <typename T, int M = kBlockRows>
-void expand_block(int m, const float* t, int64_t t_stride, int64_t ranks, const T* bt, int64_t bt_stride,
-                  int64_t c_begin, int64_t c_end, T* const* out) {
-  if constexpr (M > 1) {
-    if (m < M) return expand_block<T, M - 1>(m, t, t_stride, ranks, bt, bt_stride, c_begin, c_end, out);
-  }
-  expand_rows<T, M>(t, t_stride, ranks, bt, bt_stride, c_begin, c_end, out);
 }
 
 #if defined(__AVX512BF16__)
@@ -213,41 +203,38 @@ int64_t expand_rows_bf16(const float* t, int64_t t_stride, int64_t ranks, const 
   return c;
 }
 
-template <int M = kBlockRows>
-int64_t expand_block_bf16(int m, const float* t, int64_t t_stride, int64_t ranks, const Bf16* bt, int64_t bt_stride,
-                          int64_t c_begin, int64_t c_end, Bf16* const* out) {
-  if constexpr (M > 1) {
-    if (m < M) return expand_block_bf16<M - 1>(m, t, t_stride, ranks, bt, bt_stride, c_begin, c_end, out);
-  }
-  return expand_rows_bf16<M>(t, t_stride, ranks, bt, bt_stride, c_begin, c_end, out);
-}
 #endif
 
 template <typename T>
-void add_block_delta(const Block& block, const T* x, T* out, const T* a, const T* bt, int64_t in, int64_t n,
+void add_block_delta(const LoraRowBlock& block, const T* x, T* out, const T* a, const T* bt, int64_t in, int64_t n,
                      int64_t width, const std::vector<Slice>& slices, std::vector<float>& xs, std::vector<float>& t) {
+  constexpr bool pairs = kBf16Pairs && std::is_same_v<T, at::BFloat16>;  // the shrink reads x as it is
   const int m = block.count;
-  xs.resize(m * in);
   t.resize(m * width);
-  for (int j = 0; j < m; ++j)
-    for (int64_t k = 0; k < in; ++k) xs[j * in + k] = static_cast<float>(x[block.rows[j] * in + k]);
+  if constexpr (!pairs) {
+    xs.resize(m * in);
+    for (int j = 0; j < m; ++j)
+      for (int64_t k = 0; k < in; ++k) xs[j * in + k] = static_cast<float>(x[block.rows[j] * in + k]);
+  }
   const T* a_slot = a + block.slot * width * in;
   // shrink: t = x A^T, in tiles of rows x rank columns
   for (int j0 = 0; j0 < m; j0 += kShrinkRows) {
-    const float* x_rows[kShrinkRows];
-    for (int j = 0; j < kShrinkRows; ++j) x_rows[j] = &xs[std::min(j0 + j, m - 1) * in];
     for (int64_t r0 = 0; r0 < width; r0 += kShrinkRanks) {
       const T* a_rows[kShrinkRanks];
       for (int q = 0; q < kShrinkRanks; ++q) a_rows[q] = a_slot + std::min<int64_t>(r0 + q, width - 1) * in;
       float tile[kShrinkRows][kShrinkRanks];
 #if defined(__AVX512BF16__)
-      if constexpr (std::is_same_v<T, at::BFloat16>) {
-        const T* x_raw[kShrinkRows];
-        for (int j = 0; j < kShrinkRows; ++j) x_raw[j] = x + block.rows[std::min(j0 + j, m - 1)] * in;
-        shrink_tile_bf16<kShrinkRows, kShrinkRanks>(x_raw, a_rows, in, tile);
-      } else
+      if constexpr (pairs) {
+        const T* x_rows[kShrinkRows];
+        for (int j = 0; j < kShrinkRows; ++j) x_rows[j] = x + block.rows[std::min(j0 + j, m - 1)] * in;
+        shrink_tile_bf16<kShrinkRows, kShrinkRanks>(x_rows, a_rows, in, tile);
+      }
 #endif
+      if constexpr (!pairs) {
+        const float* x_rows[kShrinkRows];
+        for (int j = 0; j < kShrinkRows; ++j) x_rows[j] = &xs[std::min(j0 + j, m - 1) * in];
         shrink_tile<T, kShrinkRows, kShrinkRanks>(x_rows, a_rows, in, tile);
+      }
       for (int j = 0; j < kShrinkRows && j0 + j < m; ++j)
         for (int q = 0; q < kShrinkRanks && r0 + q < width; ++q) t[(j0 + j) * width + r0 + q] = tile[j][q];
     }
@@ -260,18 +247,20 @@ void add_block_delta(const Block& block, const T* x, T* out, const T* a, const T
   for (const Slice& s : slices) {
     const float* ts = t.data() + s.r0;
     const T* bts = bt_slot + s.r0 * n;
-    int64_t c = s.c0;  // the columns before c done in pairs
+    const int64_t ranks = s.r1 - s.r0;
+    with_rows(m, [&](auto rows) {
+      int64_t c = s.c0;  // the columns before c done in pairs
 #if defined(__AVX512BF16__)
-    if constexpr (std::is_same_v<T, at::BFloat16>)
-      c = expand_block_bf16(m, ts, width, s.r1 - s.r0, bts, n, s.c0, s.c1, out_rows);
+      if constexpr (pairs) c = expand_rows_bf16<decltype(rows)::value>(ts, width, ranks, bts, n, c, s.c1, out_rows);
 #endif
-    expand_block<T>(m, ts, width, s.r1 - s.r0, bts, n, c, s.c1, out_rows);
+      expand_rows<T, decltype(rows)::value>(ts, width, ranks, bts, n, c, s.c1, out_rows);
+    });
   }
 }
 
 template <typename T>
 void add_delta(const at::Tensor& x, at::Tensor& out, const at::Tensor& a, const at::Tensor& bt,
-               const std::vector<Block>& blocks, const std::vector<Slice>& slices) {
+               const LoraRows& blocks, const std::vector<Slice>& slices) {
   const int64_t in = x.size(1), n = out.size(1), width = a.size(1);
   const T* xp = x.data_ptr<T>();
   T* op = out.data_ptr<T>();
@@ -285,8 +274,26 @@ void add_delta(const at::Tensor& x, at::Tensor& out, const at::Tensor& a, const 
 
 }  // namespace
 
-void lora_add_delta(const at::Tensor& x, at::Tensor out, const at::Tensor& a, const at::Tensor& bt,
-                    const at::Tensor& slots, const std::vector<int64_t>& slices) {
+LoraRows lora_rows(const at::Tensor& slots, int64_t num_slots) {
+  TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kInt && slots.is_contiguous(), "slots: [rows] int32");
+  const int32_t* sp = slots.data_ptr<int32_t>();
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < slots.size(0); ++i) {
+    TORCH_CHECK(sp[i] >= -1 && sp[i] < num_slots, "slot ", sp[i], " of row ", i, " outside -1..", num_slots - 1);
+    if (sp[i] >= 0) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sp[a] < sp[b]; });
+  LoraRows blocks;
+  for (int64_t i : order) {
+    if (blocks.empty() || blocks.back().slot != sp[i] || blocks.back().count == kBlockRows)
+      blocks.push_back({sp[i], {}, 0});
+    blocks.back().rows[blocks.back().count++] = i;
+  }
+  return blocks;
+}
+
+void lora_add_delta_rows(const at::Tensor& x, at::Tensor out, const at::Tensor& a, const at::Tensor& bt,
+                         const LoraRows& rows, const std::vector<int64_t>& slices) {
   TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && x.size(0) == out.size(0), "x [rows, in], out [rows, n]");
   TORCH_CHECK(x.is_contiguous() && out.is_contiguous() && a.is_contiguous() && bt.is_contiguous(),
               "x, out, a and bt contiguous");
@@ -296,12 +303,6 @@ void lora_add_delta(const at::Tensor& x, at::Tensor out, const at::Tensor& a, co
   TORCH_CHECK(x.scalar_type() == out.scalar_type() && a.scalar_type() == x.scalar_type() &&
                   bt.scalar_type() == x.scalar_type(),
               "x, out, a and bt in one dtype");
-  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == x.size(0) && slots.scalar_type() == at::kInt &&
-                  slots.is_contiguous(),
-              "slots: [rows] int32");
-  const int32_t* sp = slots.data_ptr<int32_t>();
-  for (int64_t i = 0; i < slots.size(0); ++i)
-    TORCH_CHECK(sp[i] >= -1 && sp[i] < a.size(0), "slot ", sp[i], " of row ", i, " outside -1..", a.size(0) - 1);
   TORCH_CHECK(slices.size() % 4 == 0, "slices: (rank begin, rank end, column begin, column end) each");
   std::vector<Slice> parts;
   for (size_t i = 0; i < slices.size(); i += 4) {
@@ -311,11 +312,16 @@ void lora_add_delta(const at::Tensor& x, at::Tensor out, const at::Tensor& a, co
                 "slice ", i / 4, " outside B^T [", a.size(1), ", ", out.size(1), "]");
   }
   if (parts.empty()) parts.push_back({0, a.size(1), 0, out.size(1)});  // no slices: B^T whole
-  const std::vector<Block> blocks = slot_blocks(sp, x.size(0));
   if (x.scalar_type() == at::kBFloat16)
-    add_delta<at::BFloat16>(x, out, a, bt, blocks, parts);
+    add_delta<at::BFloat16>(x, out, a, bt, rows, parts);
   else if (x.scalar_type() == at::kFloat)
-    add_delta<float>(x, out, a, bt, blocks, parts);
+    add_delta<float>(x, out, a, bt, rows, parts);
   else
     TORCH_CHECK(false, "lora_add_delta: float32 or bfloat16");
+}
+
+void lora_add_delta(const at::Tensor& x, at::Tensor out, const at::Tensor& a, const at::Tensor& bt,
+                    const at::Tensor& slots, const std::vector<int64_t>& slices) {
+  TORCH_CHECK(slots.size(0) == x.size(0), "slots: one per row of x");
+  lora_add_delta_rows(x, out, a, bt, lora_rows(slots, a.size(0)), slices);
 }
