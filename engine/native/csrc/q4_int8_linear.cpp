@@ -83,59 +83,64 @@ void tile_rows(const llm_serve::Activations& a, const uint8_t* codes, const at::
 // multiplier ports being what bounds both at a batch's row counts. The same integer dots as
 // VPDPBUSD's, then the same float32 arithmetic, so the results are the VNNI tier's bitwise.
 //
-// A 256-bit vector holds half a tile's outputs (8 of 16), so the tile runs in two passes, one per
-// half, each over all groups: a pass's R rows keep their int16 sums and float32 sums in 2R
-// registers, with the half's two code vectors and two broadcast activations beside them (both
-// halves at once need 4R + 4 and spill to the stack at R = 4: 16 registers is all AVX2 has).
+// Registers: a row's int16 sums of both halves (outputs 0..7, 8..15) for R = 4 rows are 8 of the 16,
+// one code vector's two halves unpacked 4 more, the two broadcast activations and the mask the
+// rest; the float32 sums live in L1, touched once per group. Empty asm statements keep the int16
+// sums in their registers: otherwise GCC regroups the integer additions over the code vectors,
+// holds every product at once and spills them to the stack.
 template <int R, typename Out>
 void tile_rows(const llm_serve::Activations& a, const uint8_t* codes, const at::Half* scales, const at::Half* mins,
                int64_t K, int64_t tile, int64_t r0, Out* out, int64_t N) {
   const int64_t G = K / kGroup;
-  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  alignas(32) float acc[R][kOutputs] = {};
   const uint8_t* c = codes + tile * G * kTileBytes;
   const at::Half* d = scales + tile * G * kOutputs;
   const at::Half* m = mins + tile * G * kOutputs;
   const int8_t* xq = a.q.data() + r0 * K;
-  __m256 halves[2][R];  // outputs 0..7, 8..15 of each row
-  for (int h = 0; h < 2; ++h) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; ++g) {
-      if (h == 0)
-        for (int64_t ahead = 0; ahead < kTileBytes; ahead += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(c + (g + 4) * kTileBytes + ahead), _MM_HINT_T0);
-      __m256i sums[R];  // int16 pair sums of the half's 8 outputs
-      for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-      for (int t = 0; t < 4; ++t) {
-        // inputs 4t..4t+3 (low nibbles) and 4(t+4)..4(t+4)+3 (high) of the half's outputs
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t ahead = 0; ahead < kTileBytes; ahead += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(c + (g + 4) * kTileBytes + ahead), _MM_HINT_T0);
+    __m256i sums[R][2];  // int16 pair sums of outputs 0..7, 8..15
+    for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
+    for (int t = 0; t < 4; ++t) {
+      __m256i low[2], high[2];  // inputs 4t..4t+3 and 4(t+4)..4(t+4)+3 of the 16 outputs
+      for (int h = 0; h < 2; ++h) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + g * kTileBytes + 64 * t + 32 * h));
-        const __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-        for (int r = 0; r < R; ++r) {
-          const int8_t* x = xq + r * K + g * kGroup;
-          int32_t four[2];
-          __builtin_memcpy(&four[0], x + 4 * t, sizeof(int32_t));
-          __builtin_memcpy(&four[1], x + 4 * (t + 4), sizeof(int32_t));
-          sums[r] = _mm256_add_epi16(sums[r], _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(four[0])),
-                                                               _mm256_maddubs_epi16(high, _mm256_set1_epi32(four[1]))));
-          // (kept in its register here: otherwise GCC regroups the integer sums over t, holds every
-          // product at once and spills them to the stack)
-          __asm__("" : "+x"(sums[r]));
+        low[h] = _mm256_and_si256(v, nibble);
+        high[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = xq + r * K + g * kGroup;
+        int32_t four[2];
+        __builtin_memcpy(&four[0], x + 4 * t, sizeof(int32_t));
+        __builtin_memcpy(&four[1], x + 4 * (t + 4), sizeof(int32_t));
+        const __m256i x_low = _mm256_set1_epi32(four[0]), x_high = _mm256_set1_epi32(four[1]);
+        for (int h = 0; h < 2; ++h) {
+          sums[r][h] = _mm256_add_epi16(sums[r][h], _mm256_add_epi16(_mm256_maddubs_epi16(low[h], x_low),
+                                                                     _mm256_maddubs_epi16(high[h], x_high)));
+          __asm__("" : "+x"(sums[r][h]));
         }
       }
-      const __m256 dg = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + g * kOutputs + 8 * h)));
-      const __m256 mg = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m + g * kOutputs + 8 * h)));
-      for (int r = 0; r < R; ++r) {
-        const int64_t rg = (r0 + r) * G + g;
-        const float qx_sum = static_cast<float>(-a.offset[rg] / 128);
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], ones));
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 dg[2], mg[2];
+    for (int h = 0; h < 2; ++h) {
+      dg[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + g * kOutputs + 8 * h)));
+      mg[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m + g * kOutputs + 8 * h)));
+    }
+    for (int r = 0; r < R; ++r) {
+      const int64_t rg = (r0 + r) * G + g;
+      const __m256 qx_sum = _mm256_set1_ps(static_cast<float>(-a.offset[rg] / 128)), dx = _mm256_set1_ps(a.scale[rg]);
+      for (int h = 0; h < 2; ++h) {
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r][h], ones));
         // dx * (d * dot + m * sum qx), as the VNNI form orders it
-        const __m256 group = _mm256_fmadd_ps(dg, dot, _mm256_mul_ps(mg, _mm256_set1_ps(qx_sum)));
-        acc[r] = _mm256_fmadd_ps(group, _mm256_set1_ps(a.scale[rg]), acc[r]);
+        const __m256 group = _mm256_fmadd_ps(dg[h], dot, _mm256_mul_ps(mg[h], qx_sum));
+        _mm256_store_ps(acc[r] + 8 * h, _mm256_fmadd_ps(group, dx, _mm256_load_ps(acc[r] + 8 * h)));
       }
     }
-    for (int r = 0; r < R; ++r) halves[h][r] = acc[r];
   }
-  for (int r = 0; r < R; ++r) llm_serve::store16(out + (r0 + r) * N + tile * kOutputs, {halves[0][r], halves[1][r]});
+  for (int r = 0; r < R; ++r) llm_serve::store16(out + (r0 + r) * N + tile * kOutputs, llm_serve::load16(acc[r]));
 }
 #endif
 
