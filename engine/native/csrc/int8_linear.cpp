@@ -164,8 +164,13 @@ inline void tile(const Activations& a, const uint8_t* const (&wv)[V], int64_t K,
         const __m256i xq = _mm256_set1_epi32(four), ax = _mm256_abs_epi8(xq);
         for (int v = 0; v < V; ++v)
           for (int h = 0; h < 2; ++h)
+          {
             dot[r][v][h] = _mm256_add_epi32(
                 dot[r][v][h], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wq[v][h], xq)), ones));
+            // (kept in its register: otherwise GCC regroups the integer sums over the unrolled
+            // quads, holds the products at once and spills them to the stack)
+            __asm__("" : "+x"(dot[r][v][h]));
+          }
       }
     }
     for (int r = 0; r < R; ++r) {
