@@ -34,7 +34,8 @@ class EngineConfig:
                 "(--dtype weights through oneDNN), amx (the codes as bfloat16 tiles on AMX: the dense weights on a "
                 "third of the bytes; bfloat16 only), or auto: the fastest of dense, amx (where the CPU has AMX) and "
                 "int8 (where the kernel tier has an int8 dot product) measured at start-up, the codes' rows on the "
-                "exact codes; with an explicit --dtype float32, dense",
+                "exact codes (where auto chose float32, a CPU without bf16 arithmetic: the Q4_1 codes against int8 "
+                "activations at every row, as llama.cpp runs them); with an explicit --dtype float32, dense",
         choices=("auto", "int8", "dense", "amx"))
     dtype: str = opt("auto", "float32 | bfloat16 | float16 | auto (bfloat16 on CUDA and on CPUs whose kernel tier "
                              "has bf16 arithmetic: AVX512-BF16, AMX; float32 on other CPUs)")
