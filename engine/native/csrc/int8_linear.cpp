@@ -29,6 +29,7 @@
 #include "parallel.h"
 #include "prefetch.h"
 #include "vec16.h"
+#include "with_rows.h"
 
 #include <cstdint>
 #include <type_traits>
@@ -185,16 +186,6 @@ inline void tile(const Activations& a, const uint8_t* const (&wv)[V], int64_t K,
 }
 #endif
 
-// The last `left` (< R + 1) rows from r0 as one tile of that many rows
-template <int R, int V, typename Finish>
-inline void last_rows(int64_t left, const Activations& a, const uint8_t* const (&wv)[V], int64_t K, int64_t r0,
-                      const Ahead& ahead, const Finish& finish) {
-  if constexpr (R > 0) {
-    if (left == R) return tile<R, V>(a, wv, K, r0, ahead, finish);
-    last_rows<R - 1, V>(left, a, wv, K, r0, ahead, finish);
-  }
-}
-
 // Every row of the V weight vectors at wv, R rows per tile, requesting the next tile's weights a
 // share at a time as the row tiles go. The first row tile reads this tile's weights from memory
 // and the others from the caches; without the requests each tile's first row tile waited on
@@ -214,7 +205,12 @@ inline void rows_of_tile(const Activations& a, const uint8_t* const (&wv)[V], in
   };
   int64_t r = 0;
   for (; r + R <= M; r += R) tile<R, V>(a, wv, K, r, ahead(r), finish);
-  if (r < M) last_rows<R - 1, V>(M - r, a, wv, K, r, ahead(r), finish);
+  if constexpr (R > 1) {
+    if (r < M) {
+      llm_serve::with_rows<R - 1>(static_cast<int>(M - r),
+                       [&](auto rows) { tile<decltype(rows)::value, V>(a, wv, K, r, ahead(r), finish); });
+    }
+  }
 }
 
 // The rows of outputs v0 * 16 .. (v0 + V) * 16: out = the sums times the weights' scales

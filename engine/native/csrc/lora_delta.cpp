@@ -19,6 +19,7 @@
 #include "lora_delta.h"
 #include "parallel.h"
 #include "vec16.h"
+#include "with_rows.h"
 
 #include <algorithm>
 #include <type_traits>
@@ -48,16 +49,6 @@ constexpr bool kBf16Pairs = false;
 struct Slice {
   int64_t r0, r1, c0, c1;
 };
-
-// f(std::integral_constant<int, m>{}) for a block's row count m in 1..M: the tiles' row count is a
-// compile-time constant, so their sums stay in registers
-template <int M = kBlockRows, typename F>
-auto with_rows(int m, F&& f) {
-  if constexpr (M > 1) {
-    if (m < M) return with_rows<M - 1>(m, std::forward<F>(f));
-  }
-  return f(std::integral_constant<int, M>{});
-}
 
 // t[j][q] = x[j] . a[q] for a tile of rows x rank columns (pointers repeat the last valid row or
 // column where the tile overhangs; the caller keeps only the valid sums).
@@ -248,7 +239,7 @@ void add_block_delta(const LoraRowBlock& block, const T* x, T* out, const T* a, 
     const float* ts = t.data() + s.r0;
     const T* bts = bt_slot + s.r0 * n;
     const int64_t ranks = s.r1 - s.r0;
-    with_rows(m, [&](auto rows) {
+    llm_serve::with_rows<kBlockRows>(m, [&](auto rows) {
       int64_t c = s.c0;  // the columns before c done in pairs
 #if defined(__AVX512BF16__)
       if constexpr (pairs) c = expand_rows_bf16<decltype(rows)::value>(ts, width, ranks, bts, n, c, s.c1, out_rows);

@@ -21,6 +21,7 @@
 #include "int8_activations.h"
 #include "kernels.h"
 #include "parallel.h"
+#include "with_rows.h"
 
 #include <cstdint>
 
@@ -145,18 +146,6 @@ void tile_rows(const llm_serve::Activations& a, const uint8_t* codes, const at::
 #endif
 
 #if defined(LLM_SERVE_INT8_DOT)
-// rows r..r+n-1 (n < kMaxRows) of a tile, through the tile_rows of their count
-template <int R, typename Out>
-void last_rows(int n, const llm_serve::Activations& a, const uint8_t* codes, const at::Half* scales,
-               const at::Half* mins, int64_t K, int64_t tile, int64_t r, Out* out, int64_t N) {
-  if constexpr (R > 0) {
-    if (n == R)
-      tile_rows<R>(a, codes, scales, mins, K, tile, r, out, N);
-    else
-      last_rows<R - 1>(n, a, codes, scales, mins, K, tile, r, out, N);
-  }
-}
-
 template <typename In, typename Out>
 void run(const In* x, const uint8_t* codes, const at::Half* scales, const at::Half* mins, int64_t M, int64_t K,
          int64_t N, Out* out) {
@@ -166,7 +155,11 @@ void run(const In* x, const uint8_t* codes, const at::Half* scales, const at::Ha
     for (int64_t tile = lo; tile < hi; ++tile) {
       int64_t r = 0;
       for (; r + kMaxRows <= M; r += kMaxRows) tile_rows<kMaxRows>(a, codes, scales, mins, K, tile, r, out, N);
-      last_rows<kMaxRows - 1>(static_cast<int>(M - r), a, codes, scales, mins, K, tile, r, out, N);
+      if (r < M) {
+        llm_serve::with_rows<kMaxRows - 1>(static_cast<int>(M - r), [&](auto rows) {
+          tile_rows<decltype(rows)::value>(a, codes, scales, mins, K, tile, r, out, N);
+        });
+      }
     }
   });
 }
