@@ -22,6 +22,7 @@ import torch
 
 from common.default_model import default_model_dir, find_gguf
 from common.engine_config import EngineConfig
+from engine.models.gguf_index import read_tensors
 
 GROUP = 32
 PANEL = 8  # output rows the native kernel reads as one stream
@@ -177,17 +178,15 @@ def read_group_codes(path: Path | str, num_heads: int, num_kv_heads: int) -> dic
     """The Q4_1 / Q8_0 matrices of a llama-architecture GGUF under Hugging Face names
     (`model.layers.0.self_attn.q_proj.weight`, `model.embed_tokens.weight`, `lm_head.weight`).
     Tensors in other types (the float32 norms) are left to the converted folder."""
-    from gguf import GGUFReader
-
     found: dict[str, GroupCodes] = {}
-    for tensor in GGUFReader(str(path)).tensors:
-        kind = int(tensor.tensor_type)
+    for tensor in read_tensors(path):
+        kind = tensor.tensor_type
         if kind not in _BLOCK_BYTES:
             continue
         name = _hf_name(tensor.name)
         if name is None:
             raise ValueError(f"{path}: no Hugging Face name for the quantized tensor {tensor.name!r}")
-        codes = _split_blocks(np.asarray(tensor.data), kind)
+        codes = _split_blocks(tensor.data, kind)
         heads = num_heads if name.endswith("q_proj.weight") else num_kv_heads if name.endswith("k_proj.weight") else 0
         if heads:
             codes = codes.rows(_unpermute_rope_rows(codes.shape[0], heads))

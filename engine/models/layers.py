@@ -55,7 +55,10 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_position: int, theta: float, scaling: dict | None):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        # the tables are computed on the CPU and move with the module: under the meta device's
+        # context (the model's construction) arange's meta path imports torch._dynamo (~1.5 s)
+        cpu = torch.device("cpu")
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=cpu) / head_dim))
         scaling = scaling or {}
         rope_type = scaling.get("rope_type", "default")
         if rope_type == "llama3":
@@ -64,7 +67,7 @@ class RotaryEmbedding(nn.Module):
             inv_freq = inv_freq / scaling["factor"]
         elif rope_type != "default":
             raise ValueError(f"unsupported rope_type {rope_type!r}")
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float64), inv_freq)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float64, device=cpu), inv_freq)
         # [max_position, head_dim // 2] each; kept in float32, cast per step to the model dtype
         self.cos: torch.Tensor
         self.sin: torch.Tensor

@@ -113,7 +113,10 @@ class CausalLM(nn.Module):
     def __init__(self, arch: ModelArch, method: LinearMethod):
         super().__init__()
         self.arch = arch
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        # no initialisation: the loader fills it (and a random init of 28M entries under the
+        # meta device's context imports torch._dynamo, ~2 s of every start)
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size,
+                                         _weight=torch.empty(arch.vocab_size, arch.hidden_size))
         self.rotary = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling)
         self.layers = nn.ModuleList(DecoderLayer(arch, i, method) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
