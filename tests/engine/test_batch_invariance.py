@@ -28,6 +28,7 @@ pytestmark = pytest.mark.slow  # random batches of up to 32 requests, in two dty
 TOPICS = ["the sea", "a cat who reads maps", "coffee", "rain on a tin roof at night", "music", "old books",
           "trains crossing a bridge in winter", "the moon"]
 MAX_TOKENS = 10
+KV_BYTES = 256 << 20  # ~5,800 float32 tokens: 32 requests of under 100 tokens each
 
 
 def _chat(llm: LLM, topic: str) -> list[int]:
@@ -71,7 +72,7 @@ def dtype(request):
 @pytest.fixture(scope="module")
 def reference(dtype):
     """Each batch-invariant request alone, whole prompts."""
-    llm = LLM(dtype=dtype, max_num_batched_tokens=2048, max_model_len=2048)
+    llm = LLM(dtype=dtype, max_num_batched_tokens=2048, max_model_len=2048, kv_cache_memory=KV_BYTES)
     prompts = [_chat(llm, t) for t in TOPICS]
     alone = {}
     for i, prompt in enumerate(prompts):
@@ -82,7 +83,7 @@ def reference(dtype):
 @pytest.mark.parametrize("chunk", [7, 64, 2048])
 def test_alone_equals_inside_random_batches(dtype, reference, chunk):
     prompts, alone = reference
-    llm = LLM(dtype=dtype, max_num_batched_tokens=chunk, max_model_len=2048)
+    llm = LLM(dtype=dtype, max_num_batched_tokens=chunk, max_model_len=2048, kv_cache_memory=KV_BYTES)
     rng = random.Random(chunk)
     for batch_size in (32, rng.randint(2, 31)):
         requests, tracked = [], {}
@@ -107,7 +108,7 @@ def test_alone_equals_batch_of_one_request_at_a_time(dtype, reference):
     """The lone-row path (one decode row in the step) against rows among others: the first
     request alone vs. joining a batch that is already decoding."""
     prompts, alone = reference
-    llm = LLM(dtype=dtype, max_num_batched_tokens=64, max_model_len=2048)
+    llm = LLM(dtype=dtype, max_num_batched_tokens=64, max_model_len=2048, kv_cache_memory=KV_BYTES)
     requests = [(0, prompts[1], _invariant_params(1)), (3, prompts[0], _invariant_params(0))]
     got = _run(llm, requests)
     assert got["r0"] == alone[1] and got["r1"] == alone[0]
@@ -176,7 +177,7 @@ def test_speculative_decoding_keeps_the_logits(dtype, reference):
     reference without speculation. (Seeded sampling is not compared: accepting or rejecting a
     sampled draft draws its random numbers differently, by design.)"""
     prompts, alone = reference
-    llm = LLM(dtype=dtype, max_num_batched_tokens=512, max_model_len=2048,
+    llm = LLM(dtype=dtype, max_num_batched_tokens=512, max_model_len=2048, kv_cache_memory=KV_BYTES,
               speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
                                   "prompt_lookup_max": 3})
     got = _run(llm, [(0, prompt, _invariant_params(i)) for i, prompt in enumerate(prompts)])
@@ -192,7 +193,7 @@ def test_invariant_rows_do_not_depend_on_the_timed_crossover():
     bits, with the codes' crossover at 0 rows in one (dense above every tile) and 16 in the other."""
     results = []
     for max_rows in (0, 16):
-        llm = LLM(dtype="bfloat16", max_num_batched_tokens=64, max_model_len=2048)
+        llm = LLM(dtype="bfloat16", max_num_batched_tokens=64, max_model_len=2048, kv_cache_memory=KV_BYTES)
         for module in llm.engine.model.modules():
             if isinstance(getattr(module, "method", None), GroupQuantizedMethod):
                 module.method.max_rows = max_rows

@@ -12,13 +12,15 @@
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from real_prompts import QUESTIONS
 from transformers import AutoModelForCausalLM
 
 from common.messages import SamplingParams
-from benchmarks.perplexity import perplexity
+from benchmarks import perplexity as perplexity_tool
 from engine.llm import LLM
 from engine.models.group_quantized import GroupQuantizedMethod
 from engine.models.native_decode import NativeDecodeLayers
@@ -28,6 +30,8 @@ pytestmark = [pytest.mark.skipif(kernels() is None, reason="the native CPU kerne
               pytest.mark.slow]  # perplexity over the shipped text, several formats
 
 NEAR_TIE = 0.15
+# each format's perplexity once per session: both tests compare with the dense references
+perplexity = functools.cache(perplexity_tool.perplexity)
 CODES_ROWS = 8  # decode rows that run on the codes in the greedy test (every row of its batch)
 
 
