@@ -22,13 +22,12 @@ import torch
 
 from common.default_model import default_model_dir, find_gguf
 from common.engine_config import EngineConfig
-from engine.models.gguf_index import read_tensors
+from engine.models.gguf_index import Q4_1, Q8_0, TYPE_BLOCKS, read_tensors
 
 GROUP = 32
 PANEL = 8  # output rows the native kernel reads as one stream
-# GGUF tensor type ids (ggml.h): the two block formats read here
-_Q4_1, _Q8_0 = 3, 8
-_BLOCK_BYTES = {_Q4_1: 20, _Q8_0: 34}  # Q4_1: d, m (float16), 16 bytes of nibbles; Q8_0: d, 32 int8
+# bytes per block of 32: Q4_1 d, m (float16) and 16 bytes of nibbles; Q8_0 d and 32 int8
+_BLOCK_BYTES = {kind: TYPE_BLOCKS[kind][1] for kind in (Q4_1, Q8_0)}
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -210,7 +209,7 @@ def _split_blocks(data: np.ndarray, kind: int) -> GroupCodes:
     out = data.shape[0]
     blocks = data.reshape(out, -1, _BLOCK_BYTES[kind])
     scales = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 0:2]).view(np.float16).reshape(out, -1))
-    if kind == _Q8_0:
+    if kind == Q8_0:
         codes = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).reshape(out, -1))
         return GroupCodes("q8_0", codes, scales, None)
     mins = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16).reshape(out, -1))

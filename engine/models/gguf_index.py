@@ -25,8 +25,11 @@ _MAGIC = b"GGUF"
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
 # metadata value type -> its size in bytes (the fixed-size types)
 _SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-# tensor type -> (elements per block, bytes per block); the types this engine reads or skips
-_TYPE_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34), 30: (1, 2)}  # F32 F16 Q4_0 Q4_1 Q8_0 BF16
+# GGML tensor type ids (ggml.h) of the two block formats the engine runs on
+Q4_1, Q8_0 = 3, 8
+# tensor type -> (elements per block, bytes per block) for the types this engine reads or skips:
+# F32, F16, Q4_0, Q4_1, Q8_0, BF16
+TYPE_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), 30: (1, 2)}
 
 
 @dataclass(frozen=True)
@@ -97,9 +100,9 @@ def read_tensors(path: Path | str) -> list[GGUFTensor]:
     data_start = -(-cur.pos // alignment) * alignment
     tensors = []
     for name, tensor_type, shape, offset in infos:
-        if tensor_type not in _TYPE_BLOCKS:
+        if tensor_type not in TYPE_BLOCKS:
             raise ValueError(f"{path}: tensor {name!r} has GGML type {tensor_type}, which this reader does not know")
-        per_block, block_bytes = _TYPE_BLOCKS[tensor_type]
+        per_block, block_bytes = TYPE_BLOCKS[tensor_type]
         row_bytes = shape[-1] // per_block * block_bytes
         rows = int(np.prod(shape[:-1], dtype=np.int64))
         start = data_start + offset
